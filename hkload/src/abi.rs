@@ -1,0 +1,345 @@
+//! Kernel signatures as declared by a module manifest: the element and scalar types a kernel
+//! takes, and the text form `name: *mut bf16` that manifests and error messages use.
+//!
+//! A [`Signature`] is what the author promised; the per-target facts read from each code
+//! object (offsets, sizes, kinds) are checked against it at build time by hkpack and used for
+//! argument packing at launch time by hkload.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A value type a kernel argument can have, or that a pointer argument points to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ScalarType {
+    Bf16,
+    F16,
+    F32,
+    F64,
+    I8,
+    U8,
+    I16,
+    U16,
+    I32,
+    U32,
+    I64,
+    U64,
+}
+
+impl ScalarType {
+    /// Every scalar type, in the order the docs list them.
+    pub const ALL: [ScalarType; 12] = [
+        Self::Bf16,
+        Self::F16,
+        Self::F32,
+        Self::F64,
+        Self::I8,
+        Self::U8,
+        Self::I16,
+        Self::U16,
+        Self::I32,
+        Self::U32,
+        Self::I64,
+        Self::U64,
+    ];
+
+    /// Size in bytes; also the natural alignment on every target we build for.
+    pub const fn size(self) -> u32 {
+        match self {
+            Self::I8 | Self::U8 => 1,
+            Self::Bf16 | Self::F16 | Self::I16 | Self::U16 => 2,
+            Self::F32 | Self::I32 | Self::U32 => 4,
+            Self::F64 | Self::I64 | Self::U64 => 8,
+        }
+    }
+
+    /// The spelling used in manifests and messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Bf16 => "bf16",
+            Self::F16 => "f16",
+            Self::F32 => "f32",
+            Self::F64 => "f64",
+            Self::I8 => "i8",
+            Self::U8 => "u8",
+            Self::I16 => "i16",
+            Self::U16 => "u16",
+            Self::I32 => "i32",
+            Self::U32 => "u32",
+            Self::I64 => "i64",
+            Self::U64 => "u64",
+        }
+    }
+}
+
+impl fmt::Display for ScalarType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ScalarType {
+    type Err = SignatureError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| SignatureError::UnknownType(s.to_owned()))
+    }
+}
+
+/// The type of one kernel parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ParamType {
+    /// A device pointer (`*const T` or `*mut T`).
+    Pointer { pointee: ScalarType, mutable: bool },
+    /// A value passed by copy.
+    Scalar(ScalarType),
+}
+
+/// Size in bytes of a device pointer on every target we build for (amdgcn and nvptx64).
+pub const POINTER_SIZE: u32 = 8;
+
+impl ParamType {
+    /// Size of the parameter in the argument buffer, in bytes.
+    pub const fn size(self) -> u32 {
+        match self {
+            Self::Pointer { .. } => POINTER_SIZE,
+            Self::Scalar(t) => t.size(),
+        }
+    }
+
+    /// Required alignment of the parameter in the argument buffer.
+    pub const fn align(self) -> u32 {
+        self.size()
+    }
+
+    pub const fn is_pointer(self) -> bool {
+        matches!(self, Self::Pointer { .. })
+    }
+}
+
+impl fmt::Display for ParamType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pointer {
+                pointee,
+                mutable: true,
+            } => write!(f, "*mut {pointee}"),
+            Self::Pointer {
+                pointee,
+                mutable: false,
+            } => write!(f, "*const {pointee}"),
+            Self::Scalar(t) => write!(f, "{t}"),
+        }
+    }
+}
+
+impl FromStr for ParamType {
+    type Err = SignatureError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        let pointer = |rest: &str, mutable| {
+            Ok(Self::Pointer {
+                pointee: rest.trim().parse()?,
+                mutable,
+            })
+        };
+        if let Some(rest) = s.strip_prefix("*mut ") {
+            pointer(rest, true)
+        } else if let Some(rest) = s.strip_prefix("*const ") {
+            pointer(rest, false)
+        } else if s.starts_with('*') {
+            Err(SignatureError::PointerWithoutMutability(s.to_owned()))
+        } else {
+            Ok(Self::Scalar(s.parse()?))
+        }
+    }
+}
+
+/// One named, typed kernel parameter: `eps: f32`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Param {
+    pub name: String,
+    pub ty: ParamType,
+}
+
+impl fmt::Display for Param {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.name, self.ty)
+    }
+}
+
+impl FromStr for Param {
+    type Err = SignatureError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, ty) = s
+            .split_once(':')
+            .ok_or_else(|| SignatureError::MissingName(s.to_owned()))?;
+        let name = name.trim();
+        let is_identifier = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !is_identifier {
+            return Err(SignatureError::BadName(s.to_owned()));
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            ty: ty.parse()?,
+        })
+    }
+}
+
+impl Serialize for Param {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Param {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A scalar argument value with its type, as passed to a launch.
+///
+/// `bf16` and `f16` carry their raw bit patterns so hkload needs no half-precision crate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ScalarValue {
+    Bf16(u16),
+    F16(u16),
+    F32(f32),
+    F64(f64),
+    I8(i8),
+    U8(u8),
+    I16(i16),
+    U16(u16),
+    I32(i32),
+    U32(u32),
+    I64(i64),
+    U64(u64),
+}
+
+impl ScalarValue {
+    pub const fn ty(self) -> ScalarType {
+        match self {
+            Self::Bf16(_) => ScalarType::Bf16,
+            Self::F16(_) => ScalarType::F16,
+            Self::F32(_) => ScalarType::F32,
+            Self::F64(_) => ScalarType::F64,
+            Self::I8(_) => ScalarType::I8,
+            Self::U8(_) => ScalarType::U8,
+            Self::I16(_) => ScalarType::I16,
+            Self::U16(_) => ScalarType::U16,
+            Self::I32(_) => ScalarType::I32,
+            Self::U32(_) => ScalarType::U32,
+            Self::I64(_) => ScalarType::I64,
+            Self::U64(_) => ScalarType::U64,
+        }
+    }
+
+    /// The value's little-endian bytes; only the first `ty().size()` bytes are meaningful.
+    pub fn to_le_bytes(self) -> [u8; 8] {
+        let mut out = [0u8; 8];
+        let bytes: &[u8] = match &self {
+            Self::Bf16(v) | Self::F16(v) | Self::U16(v) => &v.to_le_bytes(),
+            Self::F32(v) => &v.to_le_bytes(),
+            Self::F64(v) => &v.to_le_bytes(),
+            Self::I8(v) => &v.to_le_bytes(),
+            Self::U8(v) => &v.to_le_bytes(),
+            Self::I16(v) => &v.to_le_bytes(),
+            Self::I32(v) => &v.to_le_bytes(),
+            Self::U32(v) => &v.to_le_bytes(),
+            Self::I64(v) => &v.to_le_bytes(),
+            Self::U64(v) => &v.to_le_bytes(),
+        };
+        out[..bytes.len()].copy_from_slice(bytes);
+        out
+    }
+}
+
+macro_rules! scalar_value_from {
+    ($($rust:ty => $variant:ident),* $(,)?) => {
+        $(impl From<$rust> for ScalarValue {
+            fn from(v: $rust) -> Self {
+                Self::$variant(v)
+            }
+        })*
+    };
+}
+
+scalar_value_from!(
+    f32 => F32, f64 => F64, i8 => I8, u8 => U8, i16 => I16, u16 => U16,
+    i32 => I32, u32 => U32, i64 => I64, u64 => U64,
+);
+
+/// A kernel's declared parameter list, in order.
+pub type Signature = Vec<Param>;
+
+/// A parameter declaration that could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    #[error(
+        "unknown type `{0}`; expected one of bf16, f16, f32, f64, i8, u8, i16, u16, i32, u32, i64, u64"
+    )]
+    UnknownType(String),
+    #[error("pointer type `{0}` must say `*const T` or `*mut T`")]
+    PointerWithoutMutability(String),
+    #[error("parameter `{0}` needs a name: write it as `name: type`, e.g. `out: *mut bf16`")]
+    MissingName(String),
+    #[error("parameter `{0}` has a name that is not an identifier")]
+    BadName(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_round_trip_through_text() {
+        for text in ["out: *mut bf16", "x: *const f16", "eps: f32", "n: u64"] {
+            let param: Param = text.parse().unwrap();
+            assert_eq!(param.to_string(), text);
+        }
+    }
+
+    #[test]
+    fn spacing_is_forgiven_but_not_missing_parts() {
+        let param: Param = "  rows :u32 ".parse().unwrap();
+        assert_eq!(param.to_string(), "rows: u32");
+        assert_eq!(
+            "x: *bf16".parse::<Param>(),
+            Err(SignatureError::PointerWithoutMutability("*bf16".into()))
+        );
+        assert_eq!(
+            "*mut bf16".parse::<Param>(),
+            Err(SignatureError::MissingName("*mut bf16".into()))
+        );
+        assert_eq!(
+            "x: float".parse::<Param>(),
+            Err(SignatureError::UnknownType("float".into()))
+        );
+        assert_eq!(
+            "2x: f32".parse::<Param>(),
+            Err(SignatureError::BadName("2x: f32".into()))
+        );
+    }
+
+    #[test]
+    fn sizes_are_natural() {
+        for t in ScalarType::ALL {
+            assert_eq!(t.to_string().parse::<ScalarType>(), Ok(t));
+            assert!(t.size().is_power_of_two());
+        }
+        let ptr: ParamType = "*const u8".parse().unwrap();
+        assert_eq!((ptr.size(), ptr.align()), (8, 8));
+    }
+}

@@ -1,0 +1,566 @@
+//! A bundle as hkload uses it: opened and checked against its manifest, the code object for a
+//! device chosen per module (and explained on request), modules loaded lazily once per device,
+//! kernels looked up by name.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::code_object::KernelFacts;
+use crate::device::Device;
+use crate::driver::{FunctionHandle, LaunchDims, ModuleHandle, StreamHandle};
+use crate::error::{Error, LaunchError, Result};
+use crate::launch::{Arg, ArgLayout, shared_memory_limit};
+use crate::manifest::{BundleManifest, KernelRecord, MANIFEST_FILE, ModuleRecord};
+use crate::offload::{self, OffloadBundle};
+use crate::select::{Selection, select};
+use crate::target::{EntryId, TargetId};
+
+/// How [`Bundle::open_with`] treats the files it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Check each module file's SHA-256 against the manifest before its first use, and each
+    /// code image's before it is loaded. On by default; turning it off saves the hashing time
+    /// at start-up and trusts the files.
+    pub verify_hashes: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            verify_hashes: true,
+        }
+    }
+}
+
+/// An opened bundle. Cheap to clone; share it between threads freely.
+#[derive(Clone)]
+pub struct Bundle {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Where the bundle came from, for messages: its folder, or `<embedded>`.
+    origin: PathBuf,
+    manifest: BundleManifest,
+    modules: Vec<ModuleFile>,
+    kernels: HashMap<String, usize>,
+    options: OpenOptions,
+}
+
+/// The bytes of one module file and, once needed, its unpacked (decompressed) form.
+struct ModuleFile {
+    path: PathBuf,
+    bytes: FileBytes,
+    unpacked: OnceLock<Result<Arc<Vec<u8>>, Error>>,
+}
+
+enum FileBytes {
+    Mapped(memmap2::Mmap),
+    Static(&'static [u8]),
+}
+
+impl FileBytes {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Mapped(map) => map,
+            Self::Static(bytes) => bytes,
+        }
+    }
+}
+
+impl std::fmt::Debug for Bundle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let package = &self.inner.manifest.package;
+        write!(
+            f,
+            "Bundle({} {} at {})",
+            package.name,
+            package.version,
+            self.inner.origin.display()
+        )
+    }
+}
+
+impl Bundle {
+    /// Opens the bundle folder `dir` (the one holding `bundle.toml`) with default options.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(dir, OpenOptions::default())
+    }
+
+    /// Opens the bundle folder `dir`: reads and validates the manifest and maps every module
+    /// file, checking its size. Hashes are checked when a module is first used.
+    pub fn open_with(dir: impl AsRef<Path>, options: OpenOptions) -> Result<Self> {
+        let dir = dir.as_ref();
+        let manifest_path = dir.join(MANIFEST_FILE);
+        let text = std::fs::read_to_string(&manifest_path).map_err(|e| Error::Io {
+            path: manifest_path.clone(),
+            detail: if e.kind() == std::io::ErrorKind::NotFound {
+                format!("{e}; is {} a bundle folder made by `hkpack build`?", dir.display())
+            } else {
+                e.to_string()
+            },
+        })?;
+        let manifest = parse_manifest(&text, &manifest_path)?;
+        let mut files = Vec::with_capacity(manifest.modules.len());
+        for module in &manifest.modules {
+            let path = dir.join(&module.file);
+            let io = |e: std::io::Error| Error::Io {
+                path: path.clone(),
+                detail: e.to_string(),
+            };
+            let file = std::fs::File::open(&path).map_err(io)?;
+            // SAFETY: the map is read-only and private to this process. Bundles are written
+            // aside and moved into place whole, so a file is never rewritten while mapped by
+            // a well-behaved producer; hashes catch the rest when verification is on.
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+            files.push(ModuleFile::new(path, FileBytes::Mapped(map), module)?);
+        }
+        Ok(Self::assemble(dir.to_owned(), manifest, files, options))
+    }
+
+    /// A bundle embedded in the program, e.g. with `include_bytes!`: the manifest text and each
+    /// module file's bytes under its file name.
+    pub fn from_bytes(
+        manifest: &str,
+        files: &[(&str, &'static [u8])],
+        options: OpenOptions,
+    ) -> Result<Self> {
+        let origin = PathBuf::from("<embedded>");
+        let manifest = parse_manifest(manifest, &origin.join(MANIFEST_FILE))?;
+        let mut modules = Vec::with_capacity(manifest.modules.len());
+        for module in &manifest.modules {
+            let path = origin.join(&module.file);
+            let bytes = files
+                .iter()
+                .find(|(name, _)| *name == module.file)
+                .map(|(_, bytes)| *bytes)
+                .ok_or_else(|| Error::Io {
+                    path: path.clone(),
+                    detail: format!("module `{}` was not among the embedded files", module.name),
+                })?;
+            modules.push(ModuleFile::new(path, FileBytes::Static(bytes), module)?);
+        }
+        Ok(Self::assemble(origin, manifest, modules, options))
+    }
+
+    fn assemble(
+        origin: PathBuf,
+        manifest: BundleManifest,
+        modules: Vec<ModuleFile>,
+        options: OpenOptions,
+    ) -> Self {
+        let kernels = manifest
+            .kernels
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.symbol.clone(), i))
+            .collect();
+        Self {
+            inner: Arc::new(Inner {
+                origin,
+                manifest,
+                modules,
+                kernels,
+                options,
+            }),
+        }
+    }
+
+    pub fn manifest(&self) -> &BundleManifest {
+        &self.inner.manifest
+    }
+
+    /// For each module, which entry would run on `device` and why every other was passed over.
+    /// No driver is involved: this works on any machine.
+    pub fn explain(&self, device: &TargetId) -> Explanation {
+        let modules = self
+            .inner
+            .manifest
+            .modules
+            .iter()
+            .map(|module| ModuleChoice {
+                module: module.name.clone(),
+                selection: select_entry(module, device),
+            })
+            .collect();
+        Explanation {
+            device: device.clone(),
+            modules,
+        }
+    }
+
+    /// Chooses the code object of every module for `device`, failing if any module has none
+    /// that can run there. Modules are loaded on first use of one of their kernels (or all at
+    /// once with [`LoadedBundle::preload`]).
+    pub fn load(&self, device: &Device) -> Result<LoadedBundle> {
+        let target = device.target();
+        let mut modules = Vec::with_capacity(self.inner.manifest.modules.len());
+        for (index, record) in self.inner.manifest.modules.iter().enumerate() {
+            let selection = select_entry(record, target);
+            let Some((entry, _)) = selection.chosen() else {
+                return Err(Error::NoCodeObject {
+                    module: record.name.clone(),
+                    device: target.clone(),
+                    available: record.entries.iter().map(|e| e.id.to_string()).collect(),
+                    explanation: selection.to_string(),
+                });
+            };
+            modules.push(ModuleSlot {
+                index,
+                entry: entry.clone(),
+                loaded: OnceLock::new(),
+            });
+        }
+        Ok(LoadedBundle {
+            inner: Arc::new(LoadedInner {
+                bundle: self.clone(),
+                device: device.clone(),
+                modules,
+            }),
+        })
+    }
+
+    /// The bytes of the code image `entry` of module `index`, verified as the options say.
+    fn code_image(&self, index: usize, entry: &EntryId) -> Result<Vec<u8>> {
+        let inner = &*self.inner;
+        let record = &inner.manifest.modules[index];
+        let file = &inner.modules[index];
+        let unpacked = file
+            .unpacked
+            .get_or_init(|| file.unpack(record, inner.options).map(Arc::new))
+            .clone()?;
+        let format_error = |source| Error::Format {
+            module: record.name.clone(),
+            path: file.path.clone(),
+            source,
+        };
+        let parsed = OffloadBundle::parse(&unpacked).map_err(format_error)?;
+        let id = entry.to_string();
+        let found = parsed.entry(&id).ok_or_else(|| Error::Mismatch {
+            what: format!("module file {}", file.path.display()),
+            detail: format!("the manifest lists entry `{id}` but the file has no such entry"),
+        })?;
+        let expected = record
+            .entries
+            .iter()
+            .find(|e| &e.id == entry)
+            .expect("entries are only chosen from the manifest's own list");
+        if found.bytes.len() as u64 != expected.size {
+            return Err(Error::Mismatch {
+                what: format!("entry `{id}` of {}", file.path.display()),
+                detail: format!(
+                    "it is {} bytes, the manifest says {}",
+                    found.bytes.len(),
+                    expected.size
+                ),
+            });
+        }
+        if inner.options.verify_hashes {
+            check_sha256(
+                found.bytes,
+                &expected.sha256,
+                &format!("entry `{id}` of {}", file.path.display()),
+            )?;
+        }
+        Ok(found.bytes.to_vec())
+    }
+}
+
+fn parse_manifest(text: &str, path: &Path) -> Result<BundleManifest> {
+    BundleManifest::from_toml(text).map_err(|source| Error::Manifest {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn select_entry(module: &ModuleRecord, device: &TargetId) -> Selection {
+    let ids: Vec<EntryId> = module.entries.iter().map(|e| e.id.clone()).collect();
+    select(device, &ids)
+}
+
+impl ModuleFile {
+    fn new(path: PathBuf, bytes: FileBytes, record: &ModuleRecord) -> Result<Self> {
+        let len = bytes.as_slice().len() as u64;
+        if len != record.size {
+            return Err(Error::Mismatch {
+                what: format!("module file {}", path.display()),
+                detail: format!("it is {len} bytes, the manifest says {}", record.size),
+            });
+        }
+        Ok(Self {
+            path,
+            bytes,
+            unpacked: OnceLock::new(),
+        })
+    }
+
+    /// The uncompressed bundle, after checking the file's hash.
+    fn unpack(&self, record: &ModuleRecord, options: OpenOptions) -> Result<Vec<u8>> {
+        let bytes = self.bytes.as_slice();
+        let what = format!("module file {}", self.path.display());
+        if options.verify_hashes {
+            check_sha256(bytes, &record.sha256, &what)?;
+        }
+        if offload::is_compressed(bytes) != record.compressed {
+            return Err(Error::Mismatch {
+                what,
+                detail: format!(
+                    "the manifest says it is {}compressed, the file says otherwise",
+                    if record.compressed { "" } else { "not " }
+                ),
+            });
+        }
+        offload::decompress(bytes)
+            .map(|unpacked| unpacked.into_owned())
+            .map_err(|source| Error::Format {
+                module: record.name.clone(),
+                path: self.path.clone(),
+                source,
+            })
+    }
+}
+
+fn check_sha256(bytes: &[u8], expected: &str, what: &str) -> Result<()> {
+    let found = hex(&Sha256::digest(bytes));
+    if found == expected {
+        return Ok(());
+    }
+    Err(Error::Mismatch {
+        what: what.to_owned(),
+        detail: format!("its SHA-256 is {found}, the manifest says {expected}"),
+    })
+}
+
+/// Lower-case hex of `bytes`, the form the manifest records digests in.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// Why each module's entry was or was not chosen for a device.
+#[derive(Debug, Clone, Serialize)]
+pub struct Explanation {
+    pub device: TargetId,
+    pub modules: Vec<ModuleChoice>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModuleChoice {
+    pub module: String,
+    pub selection: Selection,
+}
+
+impl Explanation {
+    /// Whether every module has a code object that runs on the device.
+    pub fn is_servable(&self) -> bool {
+        self.modules.iter().all(|m| m.selection.chosen().is_some())
+    }
+}
+
+impl std::fmt::Display for Explanation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "device {}", self.device)?;
+        for module in &self.modules {
+            writeln!(f, "module {}:", module.module)?;
+            for line in module.selection.to_string().lines() {
+                writeln!(f, "  {line}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A bundle bound to one device: the code object of every module chosen, modules loaded on
+/// first use. Cheap to clone; `Send + Sync`.
+#[derive(Clone)]
+pub struct LoadedBundle {
+    inner: Arc<LoadedInner>,
+}
+
+struct LoadedInner {
+    bundle: Bundle,
+    device: Device,
+    modules: Vec<ModuleSlot>,
+}
+
+struct ModuleSlot {
+    index: usize,
+    entry: EntryId,
+    loaded: OnceLock<Result<Arc<LoadedModule>, Error>>,
+}
+
+/// A module loaded on a device; unloaded when the last kernel taken from it is dropped.
+struct LoadedModule {
+    device: Device,
+    handle: ModuleHandle,
+}
+
+impl Drop for LoadedModule {
+    fn drop(&mut self) {
+        // A failed unload leaves nothing to recover; the driver reports a broken context on
+        // its next call.
+        let _ = self.device.driver().unload_module(self.handle);
+    }
+}
+
+impl LoadedBundle {
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// The entry chosen for `module`, if the bundle has that module.
+    pub fn chosen_entry(&self, module: &str) -> Option<&EntryId> {
+        let manifest = self.inner.bundle.manifest();
+        self.inner
+            .modules
+            .iter()
+            .find(|slot| manifest.modules[slot.index].name == module)
+            .map(|slot| &slot.entry)
+    }
+
+    /// Loads every module now rather than on first use.
+    pub fn preload(&self) -> Result<()> {
+        for slot in &self.inner.modules {
+            self.module(slot)?;
+        }
+        Ok(())
+    }
+
+    /// The kernel `symbol`, loading its module on first use.
+    pub fn kernel(&self, symbol: &str) -> Result<Kernel> {
+        let bundle = &self.inner.bundle.inner;
+        let record = bundle
+            .kernels
+            .get(symbol)
+            .map(|&i| &bundle.manifest.kernels[i])
+            .ok_or_else(|| Error::UnknownKernel {
+                name: symbol.to_owned(),
+                known: bundle.manifest.kernels.iter().map(|k| k.symbol.clone()).collect(),
+            })?;
+        let slot = self
+            .inner
+            .modules
+            .iter()
+            .find(|slot| bundle.manifest.modules[slot.index].name == record.module)
+            .expect("manifest validation guarantees every kernel's module exists");
+        let facts = kernel_facts(record, &slot.entry)?;
+        let layout = ArgLayout::new(
+            &record.args,
+            facts,
+            slot.entry.target(),
+            shared_memory_limit(self.inner.device.target()),
+        )
+        .map_err(|detail| Error::Mismatch {
+            what: format!("kernel `{symbol}`"),
+            detail,
+        })?;
+        let module = self.module(slot)?;
+        let function = self
+            .inner
+            .device
+            .driver()
+            .function(module.handle, symbol)?;
+        Ok(Kernel {
+            inner: Arc::new(KernelInner {
+                name: symbol.to_owned(),
+                facts: facts.clone(),
+                layout,
+                function,
+                module,
+            }),
+        })
+    }
+
+    fn module(&self, slot: &ModuleSlot) -> Result<Arc<LoadedModule>> {
+        slot.loaded
+            .get_or_init(|| {
+                let device = &self.inner.device;
+                let image = self.inner.bundle.code_image(slot.index, &slot.entry)?;
+                let handle = device
+                    .driver()
+                    .load_module(device.ordinal(), slot.entry.image_kind(), &image)?;
+                Ok(Arc::new(LoadedModule {
+                    device: device.clone(),
+                    handle,
+                }))
+            })
+            .clone()
+    }
+}
+
+fn kernel_facts<'a>(record: &'a KernelRecord, entry: &EntryId) -> Result<&'a KernelFacts> {
+    record
+        .facts_for(entry.target())
+        .ok_or_else(|| Error::Mismatch {
+            what: format!("kernel `{}`", record.symbol),
+            detail: format!(
+                "the manifest records no code-object facts for target {}",
+                entry.target()
+            ),
+        })
+}
+
+/// A kernel ready to launch on one device. Cheap to clone; `Send + Sync`.
+#[derive(Clone)]
+pub struct Kernel {
+    inner: Arc<KernelInner>,
+}
+
+struct KernelInner {
+    name: String,
+    facts: KernelFacts,
+    layout: ArgLayout,
+    function: FunctionHandle,
+    module: Arc<LoadedModule>,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Kernel({})", self.inner.name)
+    }
+}
+
+impl Kernel {
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The code object's facts for this kernel on the chosen target.
+    pub fn facts(&self) -> &KernelFacts {
+        &self.inner.facts
+    }
+
+    /// Launches the kernel on `stream` after checking `args` against its signature and
+    /// `dims` against its limits; nothing reaches the driver if a check fails.
+    ///
+    /// # Safety
+    ///
+    /// hkload checks that the arguments fit the kernel's ABI: their number, each one's kind
+    /// (buffer or value), element type, writability, size and device. It cannot know what the
+    /// kernel does with them: the caller promises that the sizes passed describe memory the
+    /// buffers really have, and that every buffer outlives the kernel's execution (which is
+    /// asynchronous: synchronise before dropping them).
+    pub unsafe fn launch(
+        &self,
+        dims: &LaunchDims,
+        stream: StreamHandle,
+        args: &[Arg<'_>],
+    ) -> Result<(), Error> {
+        let inner = &*self.inner;
+        let device = &inner.module.device;
+        inner
+            .layout
+            .check_and_pack(&inner.name, device.ordinal(), dims, args, |packed| {
+                device.driver().launch(inner.function, dims, stream, packed)
+            })
+            .map_err(|e: LaunchError| Error::Launch(e))?
+            .map_err(Error::Driver)
+    }
+}

@@ -1,0 +1,106 @@
+//! The crate's error type: one enum whose variants carry what a user needs to act.
+
+use std::path::PathBuf;
+
+use crate::driver::DriverError;
+use crate::manifest::ManifestError;
+use crate::offload::FormatError;
+use crate::target::TargetId;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read {}: {detail}", path.display())]
+    Io { path: PathBuf, detail: String },
+
+    #[error("bundle manifest {}: {source}", path.display())]
+    Manifest {
+        path: PathBuf,
+        #[source]
+        source: ManifestError,
+    },
+
+    #[error("module `{module}` ({}): {source}", path.display())]
+    Format {
+        module: String,
+        path: PathBuf,
+        #[source]
+        source: FormatError,
+    },
+
+    #[error(
+        "{what} does not match the bundle manifest: {detail}; the bundle was modified or damaged after it was built, rebuild it with `hkpack build`"
+    )]
+    Mismatch { what: String, detail: String },
+
+    #[error(
+        "no code object in module `{module}` can run on {device} (the bundle has {}):\n{explanation}",
+        available.join(", ")
+    )]
+    NoCodeObject {
+        module: String,
+        device: TargetId,
+        available: Vec<String>,
+        explanation: String,
+    },
+
+    #[error("the bundle has no kernel `{name}`{}", suggest(known))]
+    UnknownKernel { name: String, known: Vec<String> },
+
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+
+    #[error("device {ordinal} does not exist: the {api} driver sees {count} device(s)")]
+    NoSuchDevice {
+        api: &'static str,
+        ordinal: usize,
+        count: usize,
+    },
+}
+
+fn suggest(known: &[String]) -> String {
+    match known.len() {
+        0 => String::new(),
+        n if n <= 12 => format!("; it has {}", known.join(", ")),
+        n => format!("; it has {n} kernels, e.g. {}", known[..8].join(", ")),
+    }
+}
+
+/// A launch refused before any driver call, naming the kernel and what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LaunchError {
+    #[error("kernel `{kernel}` takes {expected} arguments ({signature}), got {found}")]
+    ArgCount {
+        kernel: String,
+        expected: usize,
+        found: usize,
+        signature: String,
+    },
+
+    #[error("kernel `{kernel}` argument {index} (`{param}`) expects {expected}, got {found}")]
+    ArgType {
+        kernel: String,
+        index: usize,
+        param: String,
+        expected: String,
+        found: String,
+    },
+
+    #[error(
+        "kernel `{kernel}` argument {index} (`{param}`) is a buffer on device {found}, but the kernel runs on device {expected}"
+    )]
+    ArgDevice {
+        kernel: String,
+        index: usize,
+        param: String,
+        expected: usize,
+        found: usize,
+    },
+
+    #[error("kernel `{kernel}`: {detail}")]
+    Dims { kernel: String, detail: String },
+}

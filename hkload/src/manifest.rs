@@ -1,0 +1,273 @@
+//! The bundle manifest, `bundle.toml`: what a bundle folder holds and what every kernel in it
+//! expects. hkpack writes it; hkload reads it before touching any module file.
+//!
+//! ```toml
+//! format_version = "1.0"
+//! targets = ["gfx90a", "gfx942", "gfx950", "sm_80", "sm_90"]
+//!
+//! [package]
+//! name = "hk-kernels"
+//! version = "0.1.0"
+//!
+//! [toolchain]
+//! clang = "Debian clang version 22.1.8 (…)"
+//! ptxas = "Cuda compilation tools, release 13.0, V13.0.88"
+//! amd_code_object_version = 5
+//!
+//! [[module]]
+//! name = "rmsnorm"
+//! file = "rmsnorm.hipfb"
+//! size = 9472
+//! sha256 = "…"
+//! compressed = true
+//! [[module.entry]]
+//! id = "hipv4-amdgcn-amd-amdhsa--gfx942"
+//! size = 5384
+//! sha256 = "…"
+//!
+//! [[kernel]]
+//! symbol = "rmsnorm_bf16"
+//! module = "rmsnorm"
+//! args = ["out: *mut bf16", "x: *const bf16", "weight: *const bf16", "eps: f32", "rows: u32", "cols: u32"]
+//! [[kernel.target]]
+//! target = "gfx942"
+//! kernarg_size = 288
+//! # … the rest of the code object's facts for this kernel
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::abi::Signature;
+use crate::code_object::KernelFacts;
+use crate::target::{EntryId, TargetId};
+
+/// The file name of the manifest inside a bundle folder.
+pub const MANIFEST_FILE: &str = "bundle.toml";
+
+/// The bundle format this crate writes. Readers accept any minor version of the same major.
+pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 0 };
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundleManifest {
+    pub format_version: FormatVersion,
+    /// The build targets, in the order they were requested.
+    pub targets: Vec<TargetId>,
+    pub package: Package,
+    pub toolchain: Toolchain,
+    #[serde(rename = "module", default)]
+    pub modules: Vec<ModuleRecord>,
+    #[serde(rename = "kernel", default)]
+    pub kernels: Vec<KernelRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Package {
+    pub name: String,
+    pub version: String,
+}
+
+/// What built the bundle, so two bundles can be told apart and a build reproduced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Toolchain {
+    /// `clang --version`, first line.
+    pub clang: String,
+    /// `ptxas --version`, last line; absent when NVIDIA targets shipped PTX only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptxas: Option<String>,
+    pub amd_code_object_version: u32,
+}
+
+/// One module file: a clang offload bundle holding one code image per entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModuleRecord {
+    pub name: String,
+    /// File name inside the bundle folder.
+    pub file: String,
+    /// Size of the file in bytes.
+    pub size: u64,
+    /// SHA-256 of the whole file, lower-case hex.
+    pub sha256: String,
+    /// Whether the file is a compressed (`CCOB`) bundle.
+    pub compressed: bool,
+    #[serde(rename = "entry")]
+    pub entries: Vec<EntryRecord>,
+}
+
+/// One code image in a module file, keyed by its full entry ID.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntryRecord {
+    pub id: EntryId,
+    /// Size of the (uncompressed) code image in bytes.
+    pub size: u64,
+    /// SHA-256 of the code image, lower-case hex.
+    pub sha256: String,
+}
+
+/// One kernel: its declared signature and, per build target, the facts of its code object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelRecord {
+    pub symbol: String,
+    pub module: String,
+    pub args: Signature,
+    #[serde(rename = "target")]
+    pub targets: Vec<KernelTarget>,
+}
+
+/// The facts of one kernel's code for one build target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelTarget {
+    pub target: TargetId,
+    #[serde(flatten)]
+    pub facts: KernelFacts,
+}
+
+impl KernelRecord {
+    /// The facts recorded for `target`, the build target of a code image.
+    pub fn facts_for(&self, target: &TargetId) -> Option<&KernelFacts> {
+        self.targets
+            .iter()
+            .find(|t| &t.target == target)
+            .map(|t| &t.facts)
+    }
+}
+
+/// `major.minor`; a reader refuses a newer major and accepts any minor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FormatVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl std::fmt::Display for FormatVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+impl std::str::FromStr for FormatVersion {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("format version `{s}` is not of the form MAJOR.MINOR");
+        let (major, minor) = s.split_once('.').ok_or_else(bad)?;
+        Ok(Self {
+            major: major.parse().map_err(|_| bad())?,
+            minor: minor.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+impl Serialize for FormatVersion {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for FormatVersion {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl BundleManifest {
+    /// Reads a manifest from TOML text, refusing a newer major format.
+    pub fn from_toml(text: &str) -> Result<Self, ManifestError> {
+        // Read the version alone first, so that a future format with other fields still
+        // gets the helpful "too new" error instead of a field-by-field complaint.
+        #[derive(Deserialize)]
+        struct VersionOnly {
+            format_version: FormatVersion,
+        }
+        let version = toml::from_str::<VersionOnly>(text)
+            .map_err(|e| ManifestError::Syntax(e.message().to_owned()))?
+            .format_version;
+        if version.major != FORMAT_VERSION.major {
+            return Err(ManifestError::UnsupportedFormat(version));
+        }
+        let manifest: Self =
+            toml::from_str(text).map_err(|e| ManifestError::Syntax(e.to_string()))?;
+        manifest.validate()?;
+        Ok(manifest)
+    }
+
+    /// The manifest as TOML text; deterministic for the same manifest.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a bundle manifest always serialises: every key is a string")
+    }
+
+    pub fn module(&self, name: &str) -> Option<&ModuleRecord> {
+        self.modules.iter().find(|m| m.name == name)
+    }
+
+    pub fn kernel(&self, symbol: &str) -> Option<&KernelRecord> {
+        self.kernels.iter().find(|k| k.symbol == symbol)
+    }
+
+    /// Checks what serde cannot: names unique, references resolve, files stay in the folder.
+    fn validate(&self) -> Result<(), ManifestError> {
+        let mut modules = std::collections::HashSet::new();
+        for module in &self.modules {
+            if !modules.insert(module.name.as_str()) {
+                return Err(ManifestError::Invalid(format!(
+                    "module `{}` is listed twice",
+                    module.name
+                )));
+            }
+            let plain_name = !module.file.is_empty()
+                && !module.file.starts_with('.')
+                && !module.file.contains(['/', '\\']);
+            if !plain_name {
+                return Err(ManifestError::Invalid(format!(
+                    "module `{}` names file `{}`, which is not a plain file name in the bundle folder",
+                    module.name, module.file
+                )));
+            }
+            let mut entries = std::collections::HashSet::new();
+            for entry in &module.entries {
+                if !entries.insert(&entry.id) {
+                    return Err(ManifestError::Invalid(format!(
+                        "module `{}` lists entry `{}` twice",
+                        module.name, entry.id
+                    )));
+                }
+            }
+        }
+        let mut symbols = std::collections::HashSet::new();
+        for kernel in &self.kernels {
+            if !symbols.insert(kernel.symbol.as_str()) {
+                return Err(ManifestError::Invalid(format!(
+                    "kernel `{}` is listed twice",
+                    kernel.symbol
+                )));
+            }
+            if !modules.contains(kernel.module.as_str()) {
+                return Err(ManifestError::Invalid(format!(
+                    "kernel `{}` names module `{}`, which the manifest does not list",
+                    kernel.symbol, kernel.module
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A `bundle.toml` that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{0}")]
+    Syntax(String),
+    #[error(
+        "bundle format {0} is newer than this hkload reads ({FORMAT_VERSION}); upgrade hkload or rebuild the bundle with a matching hkpack"
+    )]
+    UnsupportedFormat(FormatVersion),
+    #[error("{0}")]
+    Invalid(String),
+}

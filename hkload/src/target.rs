@@ -1,0 +1,1247 @@
+//! GPU target IDs and clang offload bundle entry IDs: their text forms, what each AMD processor
+//! supports, and how an AMDGPU code object's `e_flags` spell the same facts.
+//!
+//! A [`TargetId`] names the GPU some code is built for, or the GPU a device is:
+//! `gfx942:sramecc+:xnack-` on AMD, `sm_90` on NVIDIA. An [`EntryId`] names one code image in
+//! a bundle, its kind plus its target: `hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-`.
+//! Parsing accepts features in any order; printing is always canonical (alphabetical, so
+//! `sramecc` before `xnack`), because older ROCm parsers accept no other order.
+//!
+//! Which entry runs on which device is decided in [`crate::select`].
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::driver::ImageKind;
+
+/// A feature an AMD target ID can pin on or off. No other feature appears in target IDs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FeatureName {
+    /// SRAM error correction.
+    Sramecc,
+    /// XNACK replay, which demand paging (page faults in unified memory) needs.
+    Xnack,
+}
+
+impl FeatureName {
+    /// Every feature, in canonical (alphabetical) order.
+    pub const ALL: [FeatureName; 2] = [Self::Sramecc, Self::Xnack];
+
+    /// The spelling in target IDs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Sramecc => "sramecc",
+            Self::Xnack => "xnack",
+        }
+    }
+
+    fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|feature| feature.name() == name)
+    }
+
+    /// Where the feature's two bits sit in `e_flags` (code object V4 and later).
+    const fn e_flags_shift(self) -> u32 {
+        match self {
+            Self::Sramecc => 10,
+            Self::Xnack => 8,
+        }
+    }
+}
+
+impl fmt::Display for FeatureName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a target ID sets one feature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Feature {
+    /// Not named. Code built this way runs with the feature on or off; in a device's target ID
+    /// it means the setting is unknown.
+    Any,
+    /// Named with `+`.
+    On,
+    /// Named with `-`.
+    Off,
+}
+
+impl Feature {
+    /// The sign that follows the feature's name, or `None` for [`Feature::Any`].
+    pub const fn sign(self) -> Option<char> {
+        match self {
+            Self::Any => None,
+            Self::On => Some('+'),
+            Self::Off => Some('-'),
+        }
+    }
+}
+
+/// The GPU maker, which decides the kind of code a device runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Vendor {
+    Amd,
+    Nvidia,
+}
+
+impl fmt::Display for Vendor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Amd => "AMD",
+            Self::Nvidia => "NVIDIA",
+        })
+    }
+}
+
+/// What hkload knows about one AMD processor: a row of [`PROCESSORS`].
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ProcessorSpec {
+    name: &'static str,
+    /// `EF_AMDGPU_MACH`, the processor's number in a code object's `e_flags`.
+    mach: u8,
+    /// The features its target IDs may name.
+    features: &'static [FeatureName],
+    role: Role,
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+enum Role {
+    /// A real GPU, and the generic target whose code also runs on it, if any.
+    Native { generic: Option<&'static str> },
+    /// A generic target: its code runs on every processor that names it.
+    Generic,
+}
+
+impl ProcessorSpec {
+    const fn native(
+        name: &'static str,
+        mach: u8,
+        features: &'static [FeatureName],
+        generic: Option<&'static str>,
+    ) -> Self {
+        Self {
+            name,
+            mach,
+            features,
+            role: Role::Native { generic },
+        }
+    }
+
+    const fn generic(name: &'static str, mach: u8, features: &'static [FeatureName]) -> Self {
+        Self {
+            name,
+            mach,
+            features,
+            role: Role::Generic,
+        }
+    }
+}
+
+const SRAMECC_XNACK: &[FeatureName] = &[FeatureName::Sramecc, FeatureName::Xnack];
+const XNACK: &[FeatureName] = &[FeatureName::Xnack];
+const NO_FEATURES: &[FeatureName] = &[];
+
+/// Every AMD processor hkload knows, the one place these facts live. `EF_AMDGPU_MACH` values
+/// come from LLVM's `ELF.h`, features from LLVM's AMDGPU target parser, and which generic target
+/// covers which processor from CLR's `TargetGenericMap` (gfx908 and gfx90a are in none).
+/// gfx940 and gfx941 are left out: LLVM dropped them.
+static PROCESSORS: [ProcessorSpec; 15] = [
+    ProcessorSpec::native("gfx908", 0x30, SRAMECC_XNACK, None),
+    ProcessorSpec::native("gfx90a", 0x3f, SRAMECC_XNACK, None),
+    ProcessorSpec::native("gfx942", 0x4c, SRAMECC_XNACK, Some("gfx9-4-generic")),
+    ProcessorSpec::native("gfx950", 0x4f, SRAMECC_XNACK, Some("gfx9-4-generic")),
+    ProcessorSpec::native("gfx1100", 0x41, NO_FEATURES, Some("gfx11-generic")),
+    ProcessorSpec::native("gfx1101", 0x46, NO_FEATURES, Some("gfx11-generic")),
+    ProcessorSpec::native("gfx1151", 0x4a, NO_FEATURES, Some("gfx11-generic")),
+    ProcessorSpec::native("gfx1200", 0x48, NO_FEATURES, Some("gfx12-generic")),
+    ProcessorSpec::native("gfx1201", 0x4e, NO_FEATURES, Some("gfx12-generic")),
+    ProcessorSpec::generic("gfx9-generic", 0x51, XNACK),
+    ProcessorSpec::generic("gfx9-4-generic", 0x5f, SRAMECC_XNACK),
+    ProcessorSpec::generic("gfx10-1-generic", 0x52, XNACK),
+    ProcessorSpec::generic("gfx10-3-generic", 0x53, NO_FEATURES),
+    ProcessorSpec::generic("gfx11-generic", 0x54, NO_FEATURES),
+    ProcessorSpec::generic("gfx12-generic", 0x59, NO_FEATURES),
+];
+
+/// The names of all known processors, for error messages.
+fn known_processors() -> String {
+    let names: Vec<&str> = PROCESSORS.iter().map(|spec| spec.name).collect();
+    names.join(", ")
+}
+
+/// An AMD processor hkload knows (`gfx942`, `gfx9-4-generic`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Processor(&'static ProcessorSpec);
+
+impl Processor {
+    fn named(name: &str) -> Option<Self> {
+        PROCESSORS.iter().find(|spec| spec.name == name).map(Self)
+    }
+
+    fn from_mach(mach: u8) -> Option<Self> {
+        PROCESSORS.iter().find(|spec| spec.mach == mach).map(Self)
+    }
+
+    /// The name used in target IDs.
+    pub fn name(self) -> &'static str {
+        self.0.name
+    }
+
+    /// Whether target IDs for this processor may name `feature`.
+    pub fn supports(self, feature: FeatureName) -> bool {
+        self.0.features.contains(&feature)
+    }
+
+    /// Whether this is a generic target rather than a real GPU.
+    pub fn is_generic(self) -> bool {
+        self.0.role == Role::Generic
+    }
+
+    /// The generic target whose code also runs on this processor, if any.
+    pub fn generic(self) -> Option<Processor> {
+        match self.0.role {
+            Role::Native { generic } => generic.and_then(Self::named),
+            Role::Generic => None,
+        }
+    }
+}
+
+impl fmt::Debug for Processor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Processor").field(&self.name()).finish()
+    }
+}
+
+impl fmt::Display for Processor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Serialize for Processor {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+/// An AMD target ID: a processor and how it sets each feature it supports. Features the
+/// processor does not support are always [`Feature::Any`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AmdTarget {
+    processor: Processor,
+    sramecc: Feature,
+    xnack: Feature,
+}
+
+impl AmdTarget {
+    fn any(processor: Processor) -> Self {
+        Self {
+            processor,
+            sramecc: Feature::Any,
+            xnack: Feature::Any,
+        }
+    }
+
+    pub fn processor(&self) -> Processor {
+        self.processor
+    }
+
+    /// How this target sets `feature`.
+    pub fn feature(&self, feature: FeatureName) -> Feature {
+        match feature {
+            FeatureName::Sramecc => self.sramecc,
+            FeatureName::Xnack => self.xnack,
+        }
+    }
+
+    /// The features the processor supports but this target leaves Any, in canonical order.
+    pub fn any_features(&self) -> impl Iterator<Item = FeatureName> {
+        let target = *self;
+        FeatureName::ALL.into_iter().filter(move |&feature| {
+            target.processor.supports(feature) && target.feature(feature) == Feature::Any
+        })
+    }
+
+    /// How many features this target pins on or off.
+    pub fn named_features(&self) -> usize {
+        FeatureName::ALL
+            .into_iter()
+            .filter(|&feature| self.feature(feature) != Feature::Any)
+            .count()
+    }
+
+    fn set(&mut self, feature: FeatureName, setting: Feature) {
+        match feature {
+            FeatureName::Sramecc => self.sramecc = setting,
+            FeatureName::Xnack => self.xnack = setting,
+        }
+    }
+
+    /// Parses `<processor>(:<feature>(+|-))*`, in any feature order.
+    fn parse(text: &str) -> Result<Self, TargetIdError> {
+        let mut parts = text.split(':');
+        let name = parts.next().unwrap_or_default();
+        let processor = Processor::named(name)
+            .ok_or_else(|| TargetIdError::UnknownProcessor(name.to_owned()))?;
+        let mut target = Self::any(processor);
+        for spelled in parts {
+            let (feature, setting) = parse_feature(text, spelled)?;
+            if !processor.supports(feature) {
+                return Err(TargetIdError::UnsupportedFeature {
+                    target: text.to_owned(),
+                    processor,
+                    feature,
+                });
+            }
+            if target.feature(feature) != Feature::Any {
+                return Err(TargetIdError::RepeatedFeature {
+                    target: text.to_owned(),
+                    feature,
+                });
+            }
+            target.set(feature, setting);
+        }
+        Ok(target)
+    }
+}
+
+/// Parses one `<feature>(+|-)` of `target`.
+fn parse_feature(target: &str, spelled: &str) -> Result<(FeatureName, Feature), TargetIdError> {
+    if spelled.is_empty() {
+        return Err(TargetIdError::EmptyFeature(target.to_owned()));
+    }
+    let unknown = |name: &str| TargetIdError::UnknownFeature {
+        target: target.to_owned(),
+        feature: name.to_owned(),
+    };
+    let (name, setting) = if let Some(name) = spelled.strip_suffix('+') {
+        (name, Feature::On)
+    } else if let Some(name) = spelled.strip_suffix('-') {
+        (name, Feature::Off)
+    } else {
+        return Err(match FeatureName::named(spelled) {
+            Some(feature) => TargetIdError::MissingSign {
+                target: target.to_owned(),
+                feature,
+            },
+            None => unknown(spelled),
+        });
+    };
+    let feature = FeatureName::named(name).ok_or_else(|| unknown(name))?;
+    Ok((feature, setting))
+}
+
+impl fmt::Display for AmdTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.processor.name())?;
+        for feature in FeatureName::ALL {
+            if let Some(sign) = self.feature(feature).sign() {
+                write!(f, ":{feature}{sign}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An NVIDIA architecture: compute capability `major.minor`, written `sm_<major><minor>`.
+///
+/// The derived order compares major, then minor, which is how the CUDA driver compares
+/// compute capabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SmArch {
+    major: u32,
+    minor: u32,
+}
+
+impl SmArch {
+    /// The architecture of compute capability `major.minor`, as a CUDA device reports it.
+    pub fn new(major: u32, minor: u32) -> Result<Self, TargetIdError> {
+        // Names put the minor version in one digit, so a larger one could not be printed
+        // unambiguously; no such GPU exists.
+        if major == 0 || minor > 9 {
+            return Err(TargetIdError::NoSmName { major, minor });
+        }
+        Ok(Self { major, minor })
+    }
+
+    pub const fn major(self) -> u32 {
+        self.major
+    }
+
+    pub const fn minor(self) -> u32 {
+        self.minor
+    }
+
+    /// Parses the digits after `sm_` or `compute_` in `spelled`: the major version, then a
+    /// one-digit minor version.
+    fn parse_digits(spelled: &str, digits: &str) -> Result<Self, TargetIdError> {
+        let plain = |digits: &str| {
+            digits.len() >= 2
+                && !digits.starts_with('0')
+                && digits.bytes().all(|byte| byte.is_ascii_digit())
+        };
+        if !plain(digits) {
+            // `sm_90a` and `sm_100f` name architecture-specific variants: worth a message of
+            // their own, since the fix is obvious.
+            let suffixed = digits.strip_suffix(['a', 'f']).is_some_and(plain);
+            return Err(if suffixed {
+                TargetIdError::ArchSpecific(spelled.to_owned())
+            } else {
+                TargetIdError::BadSmArch(spelled.to_owned())
+            });
+        }
+        let number: u32 = digits
+            .parse()
+            .map_err(|_| TargetIdError::BadSmArch(spelled.to_owned()))?;
+        Self::new(number / 10, number % 10)
+    }
+}
+
+impl fmt::Display for SmArch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sm_{}{}", self.major, self.minor)
+    }
+}
+
+impl Serialize for SmArch {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// The full target ID of a GPU, or of the code built for one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TargetId {
+    /// `gfx942`, `gfx942:sramecc+:xnack-`, `gfx9-4-generic`.
+    Amd(AmdTarget),
+    /// `sm_80`, `sm_90`, `sm_120`.
+    Nvidia(SmArch),
+}
+
+impl TargetId {
+    pub fn vendor(&self) -> Vendor {
+        match self {
+            Self::Amd(_) => Vendor::Amd,
+            Self::Nvidia(_) => Vendor::Nvidia,
+        }
+    }
+
+    /// Reads the target an AMDGPU code object is built for from its ELF `e_flags`, so that
+    /// a code object can be checked against the bundle entry that claims it.
+    ///
+    /// Only code objects V4 and later can be read: earlier versions encode the features
+    /// differently and cannot say "any".
+    pub fn from_amd_e_flags(e_flags: u32) -> Result<Self, EFlagsError> {
+        const MACH_MASK: u32 = 0xff;
+        let mach = (e_flags & MACH_MASK) as u8;
+        let processor =
+            Processor::from_mach(mach).ok_or(EFlagsError::UnknownMach { e_flags, mach })?;
+        let mut target = AmdTarget::any(processor);
+        for feature in FeatureName::ALL {
+            let setting = match (e_flags >> feature.e_flags_shift()) & 0b11 {
+                0 => None,
+                1 => Some(Feature::Any),
+                2 => Some(Feature::Off),
+                _ => Some(Feature::On),
+            };
+            match (processor.supports(feature), setting) {
+                (true, Some(setting)) => target.set(feature, setting),
+                (false, None) => {}
+                (true, None) => {
+                    return Err(EFlagsError::FeatureNotEncoded {
+                        e_flags,
+                        processor,
+                        feature,
+                    });
+                }
+                (false, Some(_)) => {
+                    return Err(EFlagsError::UnsupportedFeatureEncoded {
+                        e_flags,
+                        processor,
+                        feature,
+                    });
+                }
+            }
+        }
+        Ok(Self::Amd(target))
+    }
+}
+
+/// The generic version in a code object's `e_flags` (its top byte): 0 for a native processor,
+/// 1 to 255 for a generic one. Only code object V6 and later set it.
+pub fn generic_version(e_flags: u32) -> u8 {
+    (e_flags >> 24) as u8
+}
+
+impl FromStr for TargetId {
+    type Err = TargetIdError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.is_empty() {
+            return Err(TargetIdError::Empty);
+        }
+        match text.strip_prefix("sm_") {
+            Some(digits) => SmArch::parse_digits(text, digits).map(Self::Nvidia),
+            None => AmdTarget::parse(text).map(Self::Amd),
+        }
+    }
+}
+
+impl fmt::Display for TargetId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Amd(target) => target.fmt(f),
+            Self::Nvidia(arch) => arch.fmt(f),
+        }
+    }
+}
+
+impl Serialize for TargetId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for TargetId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The triple of AMD entries, with the empty environment that gives the double dash: CLR
+/// expects exactly this spelling.
+const AMD_TRIPLE: &str = "amdgcn-amd-amdhsa--";
+const NVIDIA_TRIPLE: &str = "nvptx64-nvidia-cuda-";
+
+/// The ID of one code image in a clang offload bundle: the kind of image and the target it is
+/// built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EntryId {
+    /// An AMDGPU code object (ELF): `hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-`.
+    AmdCodeObject(AmdTarget),
+    /// An NVIDIA cubin for one architecture: `cuda-nvptx64-nvidia-cuda-sm_90`.
+    Cubin(SmArch),
+    /// NVIDIA PTX for a virtual architecture, compiled by the driver when loaded:
+    /// `cuda-nvptx64-nvidia-cuda-compute_90`.
+    Ptx(SmArch),
+}
+
+impl EntryId {
+    /// The target the image is built for.
+    pub fn target(&self) -> TargetId {
+        match *self {
+            Self::AmdCodeObject(target) => TargetId::Amd(target),
+            Self::Cubin(arch) | Self::Ptx(arch) => TargetId::Nvidia(arch),
+        }
+    }
+
+    /// How the image is handed to a driver.
+    pub fn image_kind(&self) -> ImageKind {
+        match self {
+            Self::AmdCodeObject(_) => ImageKind::AmdCodeObject,
+            Self::Cubin(_) => ImageKind::Cubin,
+            Self::Ptx(_) => ImageKind::Ptx,
+        }
+    }
+}
+
+impl FromStr for EntryId {
+    type Err = EntryIdError;
+
+    /// Parses an entry ID. `hip-` is read as `hipv4-`, as clang's unbundler does.
+    fn from_str(id: &str) -> Result<Self, Self::Err> {
+        let (kind, rest) = id.split_once('-').unwrap_or((id, ""));
+        let triple = match kind {
+            "hip" | "hipv4" => AMD_TRIPLE,
+            "cuda" => NVIDIA_TRIPLE,
+            _ => {
+                return Err(EntryIdError::UnsupportedKind {
+                    id: id.to_owned(),
+                    kind: kind.to_owned(),
+                });
+            }
+        };
+        let spelled = rest
+            .strip_prefix(triple)
+            .ok_or_else(|| EntryIdError::UnexpectedTriple {
+                id: id.to_owned(),
+                kind: kind.to_owned(),
+                expected: triple,
+            })?;
+        let bad_target = |reason| EntryIdError::Target {
+            id: id.to_owned(),
+            reason,
+        };
+        let entry = match spelled.strip_prefix("compute_") {
+            Some(digits) if kind == "cuda" => {
+                Self::Ptx(SmArch::parse_digits(spelled, digits).map_err(bad_target)?)
+            }
+            _ => match (kind, spelled.parse().map_err(bad_target)?) {
+                ("cuda", TargetId::Nvidia(arch)) => Self::Cubin(arch),
+                ("hip" | "hipv4", TargetId::Amd(target)) => Self::AmdCodeObject(target),
+                (_, target) => {
+                    return Err(EntryIdError::KindTargetMismatch {
+                        id: id.to_owned(),
+                        kind: kind.to_owned(),
+                        vendor: target.vendor(),
+                    });
+                }
+            },
+        };
+        Ok(entry)
+    }
+}
+
+impl fmt::Display for EntryId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::AmdCodeObject(target) => write!(f, "hipv4-{AMD_TRIPLE}{target}"),
+            Self::Cubin(arch) => write!(f, "cuda-{NVIDIA_TRIPLE}{arch}"),
+            Self::Ptx(arch) => write!(
+                f,
+                "cuda-{NVIDIA_TRIPLE}compute_{}{}",
+                arch.major, arch.minor
+            ),
+        }
+    }
+}
+
+impl Serialize for EntryId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for EntryId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A target ID that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetIdError {
+    #[error("the target ID is empty; name a GPU such as gfx942 or sm_90")]
+    Empty,
+    #[error(
+        "`{0}` is not a GPU target hkload knows: AMD processors are {known}, and NVIDIA \
+         architectures are written sm_<major><minor>, e.g. sm_90",
+        known = known_processors()
+    )]
+    UnknownProcessor(String),
+    #[error("`{target}` sets {feature}, but {processor} has no {feature} setting; remove it")]
+    UnsupportedFeature {
+        target: String,
+        processor: Processor,
+        feature: FeatureName,
+    },
+    #[error(
+        "`{target}` names the unknown feature `{feature}`; target IDs can set only sramecc and \
+         xnack"
+    )]
+    UnknownFeature { target: String, feature: String },
+    #[error("`{target}` sets {feature} more than once; set each feature at most once")]
+    RepeatedFeature {
+        target: String,
+        feature: FeatureName,
+    },
+    #[error(
+        "`{target}` names {feature} without a sign; write {feature}+ for on or {feature}- for \
+         off, or leave it out to accept both"
+    )]
+    MissingSign {
+        target: String,
+        feature: FeatureName,
+    },
+    #[error("`{0}` has an empty feature after a `:`; remove the extra colon")]
+    EmptyFeature(String),
+    #[error(
+        "`{0}` is not an NVIDIA architecture: write the major version and a one-digit minor \
+         version, e.g. sm_80, sm_90 or sm_120"
+    )]
+    BadSmArch(String),
+    #[error(
+        "`{0}` names an architecture-specific NVIDIA variant, which hkload does not support; \
+         drop the suffix"
+    )]
+    ArchSpecific(String),
+    #[error(
+        "compute capability {major}.{minor} has no sm_XY name: the major version must be at \
+         least 1 and the minor version a single digit"
+    )]
+    NoSmName { major: u32, minor: u32 },
+}
+
+/// A bundle entry ID that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EntryIdError {
+    #[error(
+        "bundle entry `{id}` has offload kind `{kind}`, which holds no GPU code hkload loads; \
+         GPU entries start with hipv4-, hip- or cuda-"
+    )]
+    UnsupportedKind { id: String, kind: String },
+    #[error(
+        "bundle entry `{id}` does not continue with the triple every `{kind}` entry uses; \
+         write it as {kind}-{expected}<target ID>"
+    )]
+    UnexpectedTriple {
+        id: String,
+        kind: String,
+        expected: &'static str,
+    },
+    #[error(
+        "bundle entry `{id}` names an {vendor} target under the `{kind}` kind; AMD code objects \
+         are hipv4-amdgcn-amd-amdhsa--<target ID>, NVIDIA images \
+         cuda-nvptx64-nvidia-cuda-sm_XY (cubin) or cuda-nvptx64-nvidia-cuda-compute_XY (PTX)"
+    )]
+    KindTargetMismatch {
+        id: String,
+        kind: String,
+        vendor: Vendor,
+    },
+    #[error("bundle entry `{id}` has a bad target: {reason}")]
+    Target { id: String, reason: TargetIdError },
+}
+
+/// AMDGPU `e_flags` that do not describe a known target.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EFlagsError {
+    #[error(
+        "e_flags {e_flags:#010x} name processor number {mach:#04x} (EF_AMDGPU_MACH), which \
+         hkload does not know; known processors: {known}",
+        known = known_processors()
+    )]
+    UnknownMach { e_flags: u32, mach: u8 },
+    #[error(
+        "e_flags {e_flags:#010x} leave {feature} unencoded although {processor} has a {feature} \
+         setting; code objects older than V4 cannot be checked, so build with \
+         -mcode-object-version=5 or later"
+    )]
+    FeatureNotEncoded {
+        e_flags: u32,
+        processor: Processor,
+        feature: FeatureName,
+    },
+    #[error(
+        "e_flags {e_flags:#010x} encode a {feature} setting, but {processor} has none; the code \
+         object is malformed"
+    )]
+    UnsupportedFeatureEncoded {
+        e_flags: u32,
+        processor: Processor,
+        feature: FeatureName,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(text: &str) -> TargetId {
+        text.parse()
+            .unwrap_or_else(|error| panic!("{text}: {error}"))
+    }
+
+    fn amd(text: &str) -> AmdTarget {
+        match target(text) {
+            TargetId::Amd(target) => target,
+            other => panic!("{text} parsed as {other:?}"),
+        }
+    }
+
+    fn processor(name: &str) -> Processor {
+        Processor::named(name).unwrap_or_else(|| panic!("{name} is not in the table"))
+    }
+
+    fn entry(text: &str) -> EntryId {
+        text.parse()
+            .unwrap_or_else(|error| panic!("{text}: {error}"))
+    }
+
+    #[test]
+    fn processor_table_is_consistent() {
+        for (index, spec) in PROCESSORS.iter().enumerate() {
+            for later in PROCESSORS.iter().skip(index + 1) {
+                assert_ne!(spec.name, later.name, "name listed twice");
+                assert_ne!(
+                    spec.mach, later.mach,
+                    "{} and {} share a mach",
+                    spec.name, later.name
+                );
+            }
+            if let Role::Native {
+                generic: Some(name),
+            } = spec.role
+            {
+                let generic = Processor::named(name).unwrap_or_else(|| {
+                    panic!("{}'s generic {name} is not in the table", spec.name)
+                });
+                assert!(generic.is_generic(), "{name} is not marked generic");
+                // Code for the generic target must be able to pin any feature it names on the
+                // devices it covers.
+                for feature in generic.0.features {
+                    assert!(
+                        spec.features.contains(feature),
+                        "{} lacks {feature}",
+                        spec.name
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gfx9_4_generic_covers_gfx942_and_gfx950_only() {
+        let generic = processor("gfx9-4-generic");
+        let covered: Vec<&str> = PROCESSORS
+            .iter()
+            .map(Processor)
+            .filter(|p| p.generic() == Some(generic))
+            .map(Processor::name)
+            .collect();
+        assert_eq!(covered, ["gfx942", "gfx950"]);
+        assert_eq!(processor("gfx90a").generic(), None);
+        assert_eq!(processor("gfx908").generic(), None);
+        assert_eq!(generic.generic(), None);
+        assert_eq!(
+            processor("gfx1100").generic(),
+            Some(processor("gfx11-generic"))
+        );
+        assert_eq!(
+            processor("gfx1201").generic(),
+            Some(processor("gfx12-generic"))
+        );
+    }
+
+    #[test]
+    fn gfx11_and_gfx12_take_no_features() {
+        for name in ["gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201"] {
+            for feature in FeatureName::ALL {
+                assert!(
+                    !processor(name).supports(feature),
+                    "{name} supports {feature}"
+                );
+            }
+        }
+        assert!(processor("gfx90a").supports(FeatureName::Xnack));
+        assert!(processor("gfx950").supports(FeatureName::Sramecc));
+    }
+
+    #[test]
+    fn parses_and_prints_canonical_target_ids() {
+        for (text, canonical) in [
+            ("gfx942", "gfx942"),
+            ("gfx942:sramecc+:xnack-", "gfx942:sramecc+:xnack-"),
+            ("gfx942:xnack-:sramecc+", "gfx942:sramecc+:xnack-"),
+            ("gfx942:xnack+", "gfx942:xnack+"),
+            ("gfx90a", "gfx90a"),
+            ("gfx90a:sramecc-", "gfx90a:sramecc-"),
+            ("gfx9-4-generic", "gfx9-4-generic"),
+            ("gfx9-4-generic:xnack-", "gfx9-4-generic:xnack-"),
+            ("gfx1100", "gfx1100"),
+            ("sm_90", "sm_90"),
+            ("sm_89", "sm_89"),
+            ("sm_100", "sm_100"),
+            ("sm_120", "sm_120"),
+        ] {
+            let parsed = target(text);
+            assert_eq!(parsed.to_string(), canonical);
+            assert_eq!(target(canonical), parsed, "{canonical} does not round-trip");
+        }
+    }
+
+    #[test]
+    fn reads_features_and_architectures() {
+        let gfx942 = amd("gfx942:xnack-:sramecc+");
+        assert_eq!(gfx942.processor(), processor("gfx942"));
+        assert_eq!(gfx942.feature(FeatureName::Sramecc), Feature::On);
+        assert_eq!(gfx942.feature(FeatureName::Xnack), Feature::Off);
+        assert_eq!(gfx942.named_features(), 2);
+        assert_eq!(gfx942.any_features().count(), 0);
+
+        let agnostic = amd("gfx90a:xnack+");
+        assert_eq!(
+            agnostic.any_features().collect::<Vec<_>>(),
+            [FeatureName::Sramecc]
+        );
+        assert_eq!(
+            amd("gfx1100").any_features().count(),
+            0,
+            "gfx1100 has no features at all"
+        );
+
+        assert_eq!(
+            target("sm_120"),
+            TargetId::Nvidia(SmArch {
+                major: 12,
+                minor: 0
+            })
+        );
+        assert_eq!(
+            target("sm_89"),
+            TargetId::Nvidia(SmArch { major: 8, minor: 9 })
+        );
+        assert_eq!(target("sm_90").vendor(), Vendor::Nvidia);
+        assert_eq!(target("gfx950").vendor(), Vendor::Amd);
+    }
+
+    #[test]
+    fn sm_arch_orders_by_compute_capability() {
+        let arch = |major, minor| SmArch::new(major, minor).unwrap();
+        assert!(arch(8, 9) < arch(9, 0));
+        assert!(arch(9, 0) < arch(10, 0));
+        assert!(arch(8, 0) < arch(8, 6));
+        assert_eq!(arch(10, 0).to_string(), "sm_100");
+        assert_eq!(
+            SmArch::new(8, 10),
+            Err(TargetIdError::NoSmName {
+                major: 8,
+                minor: 10
+            })
+        );
+        assert_eq!(
+            SmArch::new(0, 5),
+            Err(TargetIdError::NoSmName { major: 0, minor: 5 })
+        );
+    }
+
+    #[test]
+    fn rejects_bad_target_ids() {
+        let error = |text: &str| text.parse::<TargetId>().unwrap_err();
+        assert_eq!(error(""), TargetIdError::Empty);
+        for garbage in ["gfx9999", "GFX942", " gfx942", "hello", "sm90", ":xnack+"] {
+            assert!(
+                matches!(error(garbage), TargetIdError::UnknownProcessor(_)),
+                "{garbage}: {:?}",
+                error(garbage)
+            );
+        }
+        assert_eq!(
+            error("gfx1100:xnack-"),
+            TargetIdError::UnsupportedFeature {
+                target: "gfx1100:xnack-".into(),
+                processor: processor("gfx1100"),
+                feature: FeatureName::Xnack,
+            }
+        );
+        assert_eq!(
+            error("gfx942:tgsplit+"),
+            TargetIdError::UnknownFeature {
+                target: "gfx942:tgsplit+".into(),
+                feature: "tgsplit".into()
+            }
+        );
+        assert_eq!(
+            error("gfx942:ecc"),
+            TargetIdError::UnknownFeature {
+                target: "gfx942:ecc".into(),
+                feature: "ecc".into()
+            }
+        );
+        assert_eq!(
+            error("gfx942:xnack+:xnack-"),
+            TargetIdError::RepeatedFeature {
+                target: "gfx942:xnack+:xnack-".into(),
+                feature: FeatureName::Xnack,
+            }
+        );
+        assert_eq!(
+            error("gfx942:xnack"),
+            TargetIdError::MissingSign {
+                target: "gfx942:xnack".into(),
+                feature: FeatureName::Xnack
+            }
+        );
+        assert_eq!(
+            error("gfx942:"),
+            TargetIdError::EmptyFeature("gfx942:".into())
+        );
+        assert_eq!(
+            error("gfx942::xnack+"),
+            TargetIdError::EmptyFeature("gfx942::xnack+".into())
+        );
+        for bad in [
+            "sm_",
+            "sm_9",
+            "sm_090",
+            "sm_x0",
+            "sm_+90",
+            "sm_9.0",
+            "sm_99999999999",
+        ] {
+            assert_eq!(error(bad), TargetIdError::BadSmArch(bad.into()), "{bad}");
+        }
+        for specific in ["sm_90a", "sm_100f"] {
+            assert_eq!(
+                error(specific),
+                TargetIdError::ArchSpecific(specific.into())
+            );
+        }
+    }
+
+    #[test]
+    fn errors_read_as_advice() {
+        let message = |text: &str| text.parse::<TargetId>().unwrap_err().to_string();
+        let unknown = message("gfx9999");
+        assert!(unknown.contains("`gfx9999`"), "{unknown}");
+        assert!(unknown.contains("gfx90a, gfx942, gfx950"), "{unknown}");
+        assert!(unknown.contains("sm_90"), "{unknown}");
+        assert_eq!(
+            message("gfx1100:xnack-"),
+            "`gfx1100:xnack-` sets xnack, but gfx1100 has no xnack setting; remove it"
+        );
+        assert!(message("gfx942:xnack").contains("write xnack+ for on or xnack- for off"));
+    }
+
+    #[test]
+    fn decodes_verified_e_flags() {
+        for (e_flags, canonical) in [
+            (0x54c, "gfx942"),
+            (0xe4c, "gfx942:sramecc+:xnack-"),
+            (0x53f, "gfx90a"),
+            (0x54f, "gfx950"),
+            (0x0100_055f, "gfx9-4-generic"),
+        ] {
+            let decoded = TargetId::from_amd_e_flags(e_flags)
+                .unwrap_or_else(|error| panic!("{e_flags:#x}: {error}"));
+            assert_eq!(decoded, target(canonical), "{e_flags:#x}");
+        }
+        assert_eq!(generic_version(0x0100_055f), 1);
+        assert_eq!(generic_version(0x54c), 0);
+        assert_eq!(generic_version(0xff00_055f), 255);
+    }
+
+    #[test]
+    fn decodes_every_feature_encoding() {
+        // xnack on (0x300) with sramecc off (0x800), and a gfx11 part with neither.
+        assert_eq!(
+            TargetId::from_amd_e_flags(0xb3f).unwrap(),
+            target("gfx90a:sramecc-:xnack+")
+        );
+        assert_eq!(
+            TargetId::from_amd_e_flags(0x041).unwrap(),
+            target("gfx1100")
+        );
+    }
+
+    #[test]
+    fn rejects_inconsistent_e_flags() {
+        assert_eq!(
+            TargetId::from_amd_e_flags(0x540),
+            Err(EFlagsError::UnknownMach {
+                e_flags: 0x540,
+                mach: 0x40
+            })
+        );
+        // A gfx942 code object whose xnack field says "unsupported": older than V4.
+        assert_eq!(
+            TargetId::from_amd_e_flags(0x44c),
+            Err(EFlagsError::FeatureNotEncoded {
+                e_flags: 0x44c,
+                processor: processor("gfx942"),
+                feature: FeatureName::Xnack,
+            })
+        );
+        assert_eq!(
+            TargetId::from_amd_e_flags(0x141),
+            Err(EFlagsError::UnsupportedFeatureEncoded {
+                e_flags: 0x141,
+                processor: processor("gfx1100"),
+                feature: FeatureName::Xnack,
+            })
+        );
+        let message = TargetId::from_amd_e_flags(0x540).unwrap_err().to_string();
+        assert!(
+            message.starts_with("e_flags 0x00000540 name processor number 0x40"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn parses_and_prints_entry_ids() {
+        for (text, canonical, kind) in [
+            (
+                "hipv4-amdgcn-amd-amdhsa--gfx942:xnack-:sramecc+",
+                "hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-",
+                ImageKind::AmdCodeObject,
+            ),
+            (
+                "hip-amdgcn-amd-amdhsa--gfx90a",
+                "hipv4-amdgcn-amd-amdhsa--gfx90a",
+                ImageKind::AmdCodeObject,
+            ),
+            (
+                "hipv4-amdgcn-amd-amdhsa--gfx9-4-generic",
+                "hipv4-amdgcn-amd-amdhsa--gfx9-4-generic",
+                ImageKind::AmdCodeObject,
+            ),
+            (
+                "cuda-nvptx64-nvidia-cuda-sm_90",
+                "cuda-nvptx64-nvidia-cuda-sm_90",
+                ImageKind::Cubin,
+            ),
+            (
+                "cuda-nvptx64-nvidia-cuda-compute_90",
+                "cuda-nvptx64-nvidia-cuda-compute_90",
+                ImageKind::Ptx,
+            ),
+            (
+                "cuda-nvptx64-nvidia-cuda-compute_120",
+                "cuda-nvptx64-nvidia-cuda-compute_120",
+                ImageKind::Ptx,
+            ),
+        ] {
+            let parsed = entry(text);
+            assert_eq!(parsed.to_string(), canonical);
+            assert_eq!(parsed.image_kind(), kind, "{text}");
+            assert_eq!(entry(canonical), parsed, "{canonical} does not round-trip");
+        }
+        assert_eq!(
+            entry("cuda-nvptx64-nvidia-cuda-sm_80").target(),
+            target("sm_80")
+        );
+        assert_eq!(
+            entry("cuda-nvptx64-nvidia-cuda-compute_80").target(),
+            target("sm_80")
+        );
+        assert_eq!(
+            entry("hipv4-amdgcn-amd-amdhsa--gfx950").target(),
+            target("gfx950")
+        );
+    }
+
+    #[test]
+    fn rejects_bad_entry_ids() {
+        let error = |text: &str| text.parse::<EntryId>().unwrap_err();
+        for (id, kind) in [
+            ("host-x86_64-unknown-linux-gnu-", "host"),
+            ("openmp-amdgcn-amd-amdhsa--gfx942", "openmp"),
+            ("hipv5-amdgcn-amd-amdhsa--gfx942", "hipv5"),
+            ("gfx942", "gfx942"),
+            ("", ""),
+        ] {
+            assert_eq!(
+                error(id),
+                EntryIdError::UnsupportedKind {
+                    id: id.into(),
+                    kind: kind.into()
+                },
+                "{id}"
+            );
+        }
+        for (id, kind, expected) in [
+            (
+                "hipv4-amdgcn-amd-amdhsa-unknown-gfx942",
+                "hipv4",
+                AMD_TRIPLE,
+            ),
+            ("hipv4-gfx942", "hipv4", AMD_TRIPLE),
+            ("hipv4", "hipv4", AMD_TRIPLE),
+            ("cuda-nvptx-nvidia-cuda-sm_90", "cuda", NVIDIA_TRIPLE),
+        ] {
+            assert_eq!(
+                error(id),
+                EntryIdError::UnexpectedTriple {
+                    id: id.into(),
+                    kind: kind.into(),
+                    expected
+                },
+                "{id}"
+            );
+        }
+        assert_eq!(
+            error("hipv4-amdgcn-amd-amdhsa--sm_90"),
+            EntryIdError::KindTargetMismatch {
+                id: "hipv4-amdgcn-amd-amdhsa--sm_90".into(),
+                kind: "hipv4".into(),
+                vendor: Vendor::Nvidia,
+            }
+        );
+        assert_eq!(
+            error("cuda-nvptx64-nvidia-cuda-gfx942"),
+            EntryIdError::KindTargetMismatch {
+                id: "cuda-nvptx64-nvidia-cuda-gfx942".into(),
+                kind: "cuda".into(),
+                vendor: Vendor::Amd,
+            }
+        );
+        assert_eq!(
+            error("hipv4-amdgcn-amd-amdhsa--gfx1100:xnack-"),
+            EntryIdError::Target {
+                id: "hipv4-amdgcn-amd-amdhsa--gfx1100:xnack-".into(),
+                reason: TargetIdError::UnsupportedFeature {
+                    target: "gfx1100:xnack-".into(),
+                    processor: processor("gfx1100"),
+                    feature: FeatureName::Xnack,
+                },
+            }
+        );
+        // PTX names only exist for NVIDIA entries.
+        assert!(matches!(
+            error("hipv4-amdgcn-amd-amdhsa--compute_90"),
+            EntryIdError::Target {
+                reason: TargetIdError::UnknownProcessor(_),
+                ..
+            }
+        ));
+        assert_eq!(
+            error("cuda-nvptx64-nvidia-cuda-compute_9"),
+            EntryIdError::Target {
+                id: "cuda-nvptx64-nvidia-cuda-compute_9".into(),
+                reason: TargetIdError::BadSmArch("compute_9".into()),
+            }
+        );
+        assert_eq!(
+            error("hipv4-amdgcn-amd-amdhsa--"),
+            EntryIdError::Target {
+                id: "hipv4-amdgcn-amd-amdhsa--".into(),
+                reason: TargetIdError::Empty
+            }
+        );
+        let message = error("hipv4-amdgcn-amd-amdhsa--gfx1100:xnack-").to_string();
+        assert_eq!(
+            message,
+            "bundle entry `hipv4-amdgcn-amd-amdhsa--gfx1100:xnack-` has a bad target: \
+             `gfx1100:xnack-` sets xnack, but gfx1100 has no xnack setting; remove it"
+        );
+    }
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Doc {
+        target: TargetId,
+        entry: EntryId,
+    }
+
+    #[test]
+    fn serde_uses_the_canonical_text() {
+        let doc: Doc = toml::from_str(
+            "target = \"gfx942:xnack-:sramecc+\"\nentry = \"hip-amdgcn-amd-amdhsa--gfx90a:xnack+\"\n",
+        )
+        .unwrap();
+        assert_eq!(doc.target, target("gfx942:sramecc+:xnack-"));
+        assert_eq!(
+            toml::to_string(&doc).unwrap(),
+            "target = \"gfx942:sramecc+:xnack-\"\nentry = \"hipv4-amdgcn-amd-amdhsa--gfx90a:xnack+\"\n"
+        );
+        let bad = toml::from_str::<Doc>(
+            "target = \"gfx1100:xnack-\"\nentry = \"cuda-nvptx64-nvidia-cuda-sm_90\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            bad.to_string().contains("gfx1100 has no xnack setting"),
+            "{bad}"
+        );
+        let bad = toml::from_str::<Doc>(
+            "target = \"sm_90\"\nentry = \"host-x86_64-unknown-linux-gnu-\"\n",
+        )
+        .unwrap_err();
+        assert!(bad.to_string().contains("offload kind `host`"), "{bad}");
+    }
+}

@@ -1,0 +1,303 @@
+//! `hkpack build`: load the manifests, find the toolchain, run every (module, target) job in
+//! parallel through the cache, check each result against its declared signatures, and write
+//! the bundle.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use hkload::code_object::{self, KernelFacts};
+use hkload::manifest::Toolchain as ToolchainRecord;
+use hkload::target::{EntryId, TargetId};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::cache::{Cache, Identity};
+use crate::error::{Error, JobError};
+use crate::job::{Job, outputs, plan};
+use crate::manifest::Package;
+use crate::package::{self, BundleContents, TargetCode};
+use crate::signature;
+use crate::toolchain::{ToolPaths, Toolchain};
+
+/// What to build and where.
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    /// The manifests folder (holding `package.toml`).
+    pub manifests: PathBuf,
+    /// Targets to build; the package's default targets when `None`.
+    pub targets: Option<Vec<TargetId>>,
+    /// Parallel jobs; at least 1.
+    pub jobs: usize,
+    /// Where bundle folders go (`dist/`).
+    pub out_dir: PathBuf,
+    pub cache_dir: PathBuf,
+    /// Write CCOB-compressed module files (the default) or plain bundles.
+    pub compress: bool,
+    pub tools: ToolPaths,
+    /// Show progress bars (still hidden when stdout is not a terminal).
+    pub progress: bool,
+}
+
+/// What a build did, for the one-line summary.
+#[derive(Debug, Clone)]
+pub struct BuildReport {
+    pub bundle: PathBuf,
+    pub bundle_bytes: u64,
+    pub jobs: usize,
+    pub compiled: usize,
+    pub cached: usize,
+    pub elapsed: Duration,
+    /// NVIDIA targets shipped as PTX only because ptxas was not found.
+    pub ptx_only: Vec<TargetId>,
+    pub modules: usize,
+    pub targets: usize,
+}
+
+impl std::fmt::Display for BuildReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} jobs: {} compiled, {} cached, {:.1} s; {} ({} modules x {} targets, {} KiB)",
+            self.jobs,
+            self.compiled,
+            self.cached,
+            self.elapsed.as_secs_f64(),
+            self.bundle.display(),
+            self.modules,
+            self.targets,
+            self.bundle_bytes.div_ceil(1024),
+        )?;
+        if !self.ptx_only.is_empty() {
+            let targets: Vec<String> = self.ptx_only.iter().map(ToString::to_string).collect();
+            write!(
+                f,
+                "\nnote: ptxas not found, so {} ship PTX only (compiled by the driver at load); install it with `pip install nvidia-cuda-nvcc==13.0.88` or point --ptxas at one",
+                targets.join(", ")
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// One finished job.
+struct JobOutput {
+    code: TargetCode,
+    compiled: bool,
+}
+
+pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
+    let started = Instant::now();
+    let package = Package::load(&options.manifests)?;
+    let targets = options
+        .targets
+        .clone()
+        .unwrap_or_else(|| package.targets.clone());
+    let toolchain = Toolchain::discover(&options.tools)?;
+    toolchain.check_targets(&targets)?;
+    let cache = Cache::open(&options.cache_dir)?;
+    let jobs = plan(&package, &targets);
+
+    let bar = progress_bar(options.progress, jobs.len() as u64);
+    let results = run_all(&jobs, options.jobs, &bar, |job| {
+        run_job(job, &package, &toolchain, &cache)
+    });
+    bar.finish_and_clear();
+
+    let mut failures = Vec::new();
+    let mut outputs = Vec::with_capacity(jobs.len());
+    for (job, result) in jobs.iter().zip(results) {
+        match result {
+            Ok(output) => outputs.push(output),
+            Err(detail) => failures.push(JobError {
+                job: job.name(),
+                detail,
+            }),
+        }
+    }
+    if !failures.is_empty() {
+        return Err(Error::Jobs(failures));
+    }
+
+    let compiled = outputs.iter().filter(|o| o.compiled).count();
+    let mut per_module: Vec<_> = package.modules.iter().map(|m| (m, Vec::new())).collect();
+    for (job, output) in jobs.iter().zip(outputs) {
+        if let Some((_, code)) = per_module
+            .iter_mut()
+            .find(|(m, _)| std::ptr::eq(*m, job.module))
+        {
+            code.push(output.code);
+        }
+    }
+    let contents = BundleContents {
+        package: &package,
+        toolchain: ToolchainRecord {
+            clang: toolchain.clang_version.clone(),
+            ptxas: toolchain.ptxas.as_ref().map(|(_, version)| version.clone()),
+            amd_code_object_version: package.code_object_version,
+        },
+        targets: targets.clone(),
+        modules: per_module,
+        compress: options.compress,
+    };
+    let (bundle, bundle_bytes) = package::write(&contents, &options.out_dir)?;
+    let ptx_only = match toolchain.ptxas {
+        Some(_) => Vec::new(),
+        None => targets
+            .iter()
+            .filter(|t| matches!(t, TargetId::Nvidia(_)))
+            .copied()
+            .collect(),
+    };
+    Ok(BuildReport {
+        bundle,
+        bundle_bytes,
+        jobs: jobs.len(),
+        compiled,
+        cached: jobs.len() - compiled,
+        elapsed: started.elapsed(),
+        ptx_only,
+        modules: package.modules.len(),
+        targets: targets.len(),
+    })
+}
+
+fn progress_bar(wanted: bool, len: u64) -> ProgressBar {
+    if !wanted || !std::io::stdout().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stdout());
+    if let Ok(style) =
+        ProgressStyle::with_template("{prefix:>9} [{bar:30}] {pos}/{len} {wide_msg}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix("Compiling");
+    bar
+}
+
+/// Runs `work` over `jobs` on `workers` threads, results in job order.
+fn run_all<T: Send>(
+    jobs: &[Job<'_>],
+    workers: usize,
+    bar: &ProgressBar,
+    work: impl Fn(&Job<'_>) -> T + Sync,
+) -> Vec<T> {
+    let next = AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<T>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..workers.clamp(1, jobs.len().max(1)) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(job) = jobs.get(i) else { break };
+                    bar.set_message(job.name());
+                    let result = work(job);
+                    *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                    bar.inc(1);
+                }
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every job index below the job count is taken by exactly one worker")
+        })
+        .collect()
+}
+
+/// Builds one job (or takes it from the cache) and reads and checks its kernels.
+fn run_job(
+    job: &Job<'_>,
+    package: &Package,
+    toolchain: &Toolchain,
+    cache: &Cache,
+) -> Result<JobOutput, String> {
+    let identity = job_identity(job, package, toolchain);
+    let (dir, compiled) = match cache.lookup(&identity, &package.dir) {
+        Some(dir) => (dir, false),
+        None => {
+            let scratch = cache.scratch().map_err(|e| e.to_string())?;
+            job.run(package, toolchain, scratch.path())
+                .map_err(|e| format!("{} failed ({})\n{}", e.command, e.status, e.diagnostics))?;
+            let depfile = scratch.path().join(outputs::DEPS);
+            let dir = cache
+                .store(&identity, &package.dir, scratch, &depfile)
+                .map_err(|e| e.to_string())?;
+            (dir, true)
+        }
+    };
+    let code = read_outputs(job, package, &dir)?;
+    Ok(JobOutput { code, compiled })
+}
+
+/// Everything that decides a job's outputs besides the files it reads.
+fn job_identity(job: &Job<'_>, package: &Package, toolchain: &Toolchain) -> Identity {
+    let mut parts = vec![toolchain.clang_version.clone(), job.target.to_string()];
+    parts.extend(job.clang_args(package));
+    if let (true, Some((_, ptxas))) = (job.is_nvidia(), &toolchain.ptxas) {
+        parts.push(ptxas.clone());
+        parts.extend(job.ptxas_args());
+    }
+    Identity::new(parts)
+}
+
+/// The code images and checked kernel facts of a finished job's output folder.
+fn read_outputs(job: &Job<'_>, package: &Package, dir: &Path) -> Result<TargetCode, String> {
+    let read = |name: &str| {
+        std::fs::read(dir.join(name)).map_err(|e| format!("cannot read {name} from the cache: {e}"))
+    };
+    let (images, facts) = match job.target {
+        TargetId::Amd(amd) => {
+            let bytes = read(outputs::CODE_OBJECT)?;
+            let facts = amd_facts(job, package, &bytes)?;
+            (vec![(EntryId::AmdCodeObject(amd), bytes)], facts)
+        }
+        TargetId::Nvidia(arch) => {
+            let ptx = read(outputs::PTX)?;
+            let text = String::from_utf8(ptx.clone())
+                .map_err(|_| "clang wrote PTX that is not UTF-8".to_owned())?;
+            let mut facts = code_object::read_ptx_entries(&text).map_err(|e| e.to_string())?;
+            let mut images = Vec::new();
+            if dir.join(outputs::CUBIN).is_file() {
+                let report = String::from_utf8_lossy(&read(outputs::PTXAS_REPORT)?).into_owned();
+                code_object::apply_ptxas_report(&mut facts, &report).map_err(|e| e.to_string())?;
+                images.push((EntryId::Cubin(arch), read(outputs::CUBIN)?));
+            }
+            images.push((EntryId::Ptx(arch), ptx));
+            (images, facts)
+        }
+    };
+    let kernels = signature::check(job.module, &job.target, facts).map_err(|e| e.to_string())?;
+    Ok(TargetCode {
+        target: job.target,
+        images,
+        kernels,
+    })
+}
+
+/// Reads an AMD code object and checks that it is what the job asked for: built for the
+/// job's target, with the package's code-object version.
+fn amd_facts(job: &Job<'_>, package: &Package, bytes: &[u8]) -> Result<Vec<KernelFacts>, String> {
+    let object = code_object::read_amd_code_object(bytes).map_err(|e| e.to_string())?;
+    let built_for = TargetId::from_amd_e_flags(object.header.e_flags).map_err(|e| e.to_string())?;
+    if built_for != job.target {
+        return Err(format!(
+            "the code object says it is for {built_for} (e_flags {:#x}), not {}",
+            object.header.e_flags, job.target
+        ));
+    }
+    // EI_ABIVERSION is the code-object version minus 2 (v4 = 2, v5 = 3, v6 = 4).
+    let version = u32::from(object.header.abi_version) + 2;
+    if version != package.code_object_version {
+        return Err(format!(
+            "the code object is version {version}, the package asks for {}",
+            package.code_object_version
+        ));
+    }
+    Ok(object.kernels)
+}

@@ -1,0 +1,217 @@
+//! The build cache: compiled job outputs stored by a key made of everything that changes them.
+//!
+//! A job's *identity* is the compiler's identity, the target, the code-object version and the
+//! full compiler command (flags, defines, include folders, source path). Which headers a source
+//! includes is only known after compiling it, so the cache works in two steps, as ccache's
+//! direct mode does:
+//!
+//! 1. `deps/<identity>` lists the files the last compile of this identity read;
+//! 2. the *key* hashes the identity with the contents of each of those files, and
+//!    `objects/<key>/` holds the outputs.
+//!
+//! A no-op rebuild therefore hashes a few small files per job and runs no compiler; editing a
+//! header changes the key of exactly the jobs that include it. Everything is written into a
+//! private temporary folder first and renamed into place, so a killed build leaves no partial
+//! entry and two builds sharing a cache never see each other's half-written files.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
+
+use crate::job::parse_depfile;
+
+/// Bumped whenever the layout or the key's ingredients change, so old entries are not reused.
+const CACHE_VERSION: &str = "hkpack-cache-1";
+
+/// A cache folder, shared safely between threads and processes.
+#[derive(Debug)]
+pub struct Cache {
+    dir: PathBuf,
+    /// File contents hashed in this build, by path: a header is hashed once, not per job.
+    file_hashes: Mutex<HashMap<PathBuf, Option<String>>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("build cache {}: {detail}", path.display())]
+pub struct CacheError {
+    pub path: PathBuf,
+    pub detail: String,
+}
+
+fn io_error(path: &Path) -> impl Fn(std::io::Error) -> CacheError + '_ {
+    move |e| CacheError {
+        path: path.to_owned(),
+        detail: e.to_string(),
+    }
+}
+
+/// What a job's identity hashes to; see the module docs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity(String);
+
+impl Identity {
+    /// The identity of a job described by `parts` (compiler version, target, full command...).
+    pub fn new<S: AsRef<str>>(parts: impl IntoIterator<Item = S>) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(CACHE_VERSION);
+        for part in parts {
+            // Length-prefixed so that ["ab", "c"] and ["a", "bc"] differ.
+            let part = part.as_ref();
+            hasher.update((part.len() as u64).to_le_bytes());
+            hasher.update(part);
+        }
+        Self(hkload::bundle::hex(&hasher.finalize()))
+    }
+}
+
+impl Cache {
+    pub fn open(dir: &Path) -> Result<Self, CacheError> {
+        for sub in ["deps", "objects", "tmp"] {
+            std::fs::create_dir_all(dir.join(sub)).map_err(io_error(dir))?;
+        }
+        Ok(Self {
+            dir: dir.to_owned(),
+            file_hashes: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The folder holding the outputs of `identity` for the files as they are now, if a
+    /// previous build stored them. `base` is where the compiler ran (dependency paths are
+    /// relative to it).
+    pub fn lookup(&self, identity: &Identity, base: &Path) -> Option<PathBuf> {
+        let deps = std::fs::read_to_string(self.dir.join("deps").join(&identity.0)).ok()?;
+        let key = self.key(identity, base, deps.lines().map(PathBuf::from))?;
+        let dir = self.dir.join("objects").join(key);
+        dir.is_dir().then_some(dir)
+    }
+
+    /// A fresh, private folder for a job's outputs, removed on drop unless stored.
+    pub fn scratch(&self) -> Result<tempfile::TempDir, CacheError> {
+        let tmp = self.dir.join("tmp");
+        tempfile::Builder::new()
+            .prefix("job-")
+            .tempdir_in(&tmp)
+            .map_err(io_error(&tmp))
+    }
+
+    /// Moves a finished job's outputs into the cache and returns their folder. The
+    /// compiler's dependency file in `outputs` says which files went into them.
+    pub fn store(
+        &self,
+        identity: &Identity,
+        base: &Path,
+        outputs: tempfile::TempDir,
+        depfile: &Path,
+    ) -> Result<PathBuf, CacheError> {
+        let text = std::fs::read_to_string(depfile).map_err(io_error(depfile))?;
+        let deps = parse_depfile(&text);
+        let key = self
+            .key(identity, base, deps.iter().cloned())
+            .ok_or_else(|| CacheError {
+                path: base.to_owned(),
+                detail: "a file the compiler read has disappeared".into(),
+            })?;
+        let dest = self.dir.join("objects").join(&key);
+        let scratch = outputs.keep();
+        match std::fs::rename(&scratch, &dest) {
+            Ok(()) => {}
+            // Another build stored the same outputs first: identical by construction.
+            Err(_) if dest.is_dir() => {
+                let _ = std::fs::remove_dir_all(&scratch);
+            }
+            Err(e) => return Err(io_error(&dest)(e)),
+        }
+        self.write_atomically(
+            &self.dir.join("deps").join(&identity.0),
+            deps.iter()
+                .map(|p| format!("{}\n", p.display()))
+                .collect::<String>()
+                .as_bytes(),
+        )?;
+        Ok(dest)
+    }
+
+    fn key(
+        &self,
+        identity: &Identity,
+        base: &Path,
+        deps: impl Iterator<Item = PathBuf>,
+    ) -> Option<String> {
+        let mut hasher = Sha256::new();
+        hasher.update(&identity.0);
+        for dep in deps {
+            let hash = self.file_hash(&base.join(&dep))?;
+            hasher.update(dep.to_string_lossy().as_bytes());
+            hasher.update([0]);
+            hasher.update(hash);
+        }
+        Some(hkload::bundle::hex(&hasher.finalize()))
+    }
+
+    fn file_hash(&self, path: &Path) -> Option<String> {
+        let mut memo = self.file_hashes.lock().unwrap_or_else(|e| e.into_inner());
+        memo.entry(path.to_owned())
+            .or_insert_with(|| {
+                std::fs::read(path)
+                    .ok()
+                    .map(|bytes| hkload::bundle::hex(&Sha256::digest(bytes)))
+            })
+            .clone()
+    }
+
+    fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<(), CacheError> {
+        let tmp = self.dir.join("tmp");
+        let mut file = tempfile::NamedTempFile::new_in(&tmp).map_err(io_error(&tmp))?;
+        std::io::Write::write_all(&mut file, bytes).map_err(io_error(path))?;
+        file.persist(path).map_err(|e| io_error(path)(e.error))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(cache: &Cache, identity: &Identity, base: &Path, deps: &str) -> PathBuf {
+        let outputs = cache.scratch().unwrap();
+        std::fs::write(outputs.path().join("code.co"), b"object").unwrap();
+        let depfile = outputs.path().join("deps.d");
+        std::fs::write(&depfile, format!("code: {deps}\n")).unwrap();
+        cache.store(identity, base, outputs, &depfile).unwrap()
+    }
+
+    #[test]
+    fn a_header_change_misses_and_an_unchanged_tree_hits() {
+        let root = tempfile::tempdir().unwrap();
+        let base = root.path().join("src");
+        std::fs::create_dir(&base).unwrap();
+        std::fs::write(base.join("k.hip"), "kernel").unwrap();
+        std::fs::write(base.join("h.h"), "header v1").unwrap();
+        let identity = Identity::new(["clang 22", "gfx942", "-O3"]);
+
+        let cache = Cache::open(&root.path().join("cache")).unwrap();
+        assert_eq!(cache.lookup(&identity, &base), None);
+        let dir = stored(&cache, &identity, &base, "k.hip h.h");
+        assert_eq!(std::fs::read(dir.join("code.co")).unwrap(), b"object");
+
+        // A new process (fresh memo) finds it; another identity does not.
+        let cache = Cache::open(&root.path().join("cache")).unwrap();
+        assert_eq!(cache.lookup(&identity, &base), Some(dir));
+        assert_eq!(cache.lookup(&Identity::new(["clang 22", "gfx90a"]), &base), None);
+
+        std::fs::write(base.join("h.h"), "header v2").unwrap();
+        let cache = Cache::open(&root.path().join("cache")).unwrap();
+        assert_eq!(cache.lookup(&identity, &base), None);
+        assert!(
+            std::fs::read_dir(root.path().join("cache/tmp")).unwrap().next().is_none(),
+            "no scratch folder is left behind"
+        );
+    }
+
+    #[test]
+    fn identities_do_not_collide_by_concatenation() {
+        assert_ne!(Identity::new(["ab", "c"]), Identity::new(["a", "bc"]));
+    }
+}

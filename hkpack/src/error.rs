@@ -1,0 +1,42 @@
+//! The crate's error type: every way a build or a command can fail, as sentences a user can
+//! act on.
+
+use crate::cache::CacheError;
+use crate::manifest::ManifestError;
+use crate::package::PackageError;
+use crate::toolchain::ToolchainError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Toolchain(#[from] ToolchainError),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    #[error(transparent)]
+    Package(#[from] PackageError),
+    #[error(transparent)]
+    Bundle(#[from] hkload::Error),
+    #[error("{} of the build's jobs failed:\n{}", .0.len(), list(.0))]
+    Jobs(Vec<JobError>),
+}
+
+/// One failed job: its name (`rmsnorm for gfx942`) and what went wrong, compiler
+/// diagnostics included.
+#[derive(Debug, Clone)]
+pub struct JobError {
+    pub job: String,
+    pub detail: String,
+}
+
+fn list(failures: &[JobError]) -> String {
+    failures
+        .iter()
+        .map(|f| {
+            let indented: Vec<String> = f.detail.lines().map(|l| format!("    {l}")).collect();
+            format!("  {}:\n{}", f.job, indented.join("\n"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}

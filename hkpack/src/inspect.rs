@@ -1,0 +1,107 @@
+//! `hkpack inspect`: what a bundle holds, one row per (module, target, kernel), from its
+//! manifest: code size, registers, shared memory (LDS), scratch, spills, wave size.
+
+use serde::Serialize;
+
+use hkload::Bundle;
+use hkload::target::TargetId;
+
+/// One row of the inspection table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub module: String,
+    pub target: TargetId,
+    pub kernel: String,
+    /// Bytes of the code image the target runs (code object or cubin; PTX if that is all).
+    pub code_bytes: u64,
+    /// AMD: scalar, vector and accumulation registers; NVIDIA: registers per thread.
+    pub registers: String,
+    pub lds_bytes: u32,
+    pub scratch_bytes: u32,
+    pub spills: u32,
+    pub wave_size: u32,
+}
+
+/// The rows for `bundle`, modules and kernels in manifest order, targets in build order.
+pub fn rows(bundle: &Bundle) -> Vec<Row> {
+    let manifest = bundle.manifest();
+    let mut rows = Vec::new();
+    for module in &manifest.modules {
+        for target in &manifest.targets {
+            // The first entry for a target is the one it runs natively: the code object,
+            // or the cubin ahead of the PTX.
+            let code_bytes = module
+                .entries
+                .iter()
+                .find(|e| e.id.target() == *target)
+                .map_or(0, |e| e.size);
+            for kernel in manifest.kernels.iter().filter(|k| k.module == module.name) {
+                let Some(facts) = kernel.facts_for(target) else {
+                    continue;
+                };
+                let registers = match (facts.sgpr_count, facts.vgpr_count, facts.registers) {
+                    (_, _, Some(r)) => r.to_string(),
+                    (Some(s), Some(v), None) => {
+                        format!("s{s} v{v} a{}", facts.agpr_count.unwrap_or(0))
+                    }
+                    _ => "-".into(),
+                };
+                rows.push(Row {
+                    module: module.name.clone(),
+                    target: *target,
+                    kernel: kernel.symbol.clone(),
+                    code_bytes,
+                    registers,
+                    lds_bytes: facts.group_segment_size,
+                    scratch_bytes: facts.private_segment_size,
+                    spills: facts.sgpr_spill_count + facts.vgpr_spill_count,
+                    wave_size: facts.wavefront_size,
+                });
+            }
+        }
+    }
+    rows
+}
+
+/// The rows as an aligned text table.
+pub fn table(rows: &[Row]) -> String {
+    let header = [
+        "module", "target", "kernel", "code", "registers", "lds", "scratch", "spills", "wave",
+    ]
+    .map(String::from);
+    let cells: Vec<[String; 9]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.module.clone(),
+                r.target.to_string(),
+                r.kernel.clone(),
+                r.code_bytes.to_string(),
+                r.registers.clone(),
+                r.lds_bytes.to_string(),
+                r.scratch_bytes.to_string(),
+                r.spills.to_string(),
+                r.wave_size.to_string(),
+            ]
+        })
+        .collect();
+    let mut widths = header.clone().map(|h| h.len());
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(&cells) {
+        let line: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .enumerate()
+            // Names left-aligned, numbers right-aligned.
+            .map(|(i, (cell, w))| if i < 3 { format!("{cell:<w$}") } else { format!("{cell:>w$}") })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}

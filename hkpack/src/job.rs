@@ -1,0 +1,253 @@
+//! Build jobs: one per (module, target), with the exact compiler command that produces the
+//! module's code for that target, and running that command.
+//!
+//! AMD targets compile device code only and link it with lld into a bare code object:
+//! `clang -x hip --cuda-device-only -nogpuinc -nogpulib --offload-arch=gfx942
+//! -mcode-object-version=5 --no-gpu-bundle-output`. NVIDIA targets compile to PTX with the same
+//! clang (`-x cuda -nocudainc -nocudalib --cuda-gpu-arch=sm_90`), then ptxas makes a cubin.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use hkload::target::TargetId;
+
+use crate::manifest::{Module, Package};
+use crate::toolchain::Toolchain;
+
+/// The PTX ISA version clang writes: 8.0 is the oldest that knows sm_90, and CUDA 12.0+
+/// drivers can JIT it.
+pub const PTX_FEATURE: &str = "+ptx80";
+
+/// One module built for one target.
+#[derive(Debug, Clone)]
+pub struct Job<'p> {
+    pub module: &'p Module,
+    pub target: TargetId,
+    /// Relative to the package's manifests folder, where the compiler runs.
+    pub source: PathBuf,
+    pub defines: BTreeMap<String, String>,
+    pub flags: Vec<String>,
+}
+
+/// The files a job leaves in its output folder.
+pub mod outputs {
+    /// The AMD code object (linked ELF).
+    pub const CODE_OBJECT: &str = "code.co";
+    /// NVIDIA PTX text.
+    pub const PTX: &str = "code.ptx";
+    /// NVIDIA cubin, when ptxas ran.
+    pub const CUBIN: &str = "code.cubin";
+    /// ptxas's `-v` report (registers, spills, shared memory per kernel).
+    pub const PTXAS_REPORT: &str = "ptxas.txt";
+    /// The compiler's dependency file: the source and every header it included.
+    pub const DEPS: &str = "deps.d";
+}
+
+/// Every job of a build, modules in manifest order, targets in the order requested.
+pub fn plan<'p>(package: &'p Package, targets: &[TargetId]) -> Vec<Job<'p>> {
+    let mut jobs = Vec::with_capacity(package.modules.len() * targets.len());
+    for module in &package.modules {
+        for target in targets {
+            let mut job = Job {
+                module,
+                target: target.clone(),
+                source: module.source.clone(),
+                defines: module.defines.clone(),
+                flags: module.flags.clone(),
+            };
+            if let Some(over) = module.overrides.get(target) {
+                if let Some(source) = &over.source {
+                    job.source = source.clone();
+                }
+                job.defines.extend(over.defines.clone());
+                job.flags.extend(over.flags.iter().cloned());
+            }
+            jobs.push(job);
+        }
+    }
+    jobs
+}
+
+/// A job that failed, with what the tool said.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{job}: {command} failed ({status})\n{diagnostics}")]
+pub struct JobFailure {
+    pub job: String,
+    pub command: String,
+    pub status: String,
+    pub diagnostics: String,
+}
+
+impl Job<'_> {
+    /// `rmsnorm for gfx942`, for progress lines and errors.
+    pub fn name(&self) -> String {
+        format!("{} for {}", self.module.name, self.target)
+    }
+
+    pub fn is_nvidia(&self) -> bool {
+        matches!(self.target, TargetId::Nvidia(_))
+    }
+
+    /// The clang arguments that decide the output, without output and dependency-file paths:
+    /// everything here goes into the cache key.
+    pub fn clang_args(&self, package: &Package) -> Vec<String> {
+        let mut args: Vec<String> = match &self.target {
+            TargetId::Amd(_) => [
+                "-x",
+                "hip",
+                "--cuda-device-only",
+                "-nogpuinc",
+                "-nogpulib",
+                "--no-gpu-bundle-output",
+            ]
+            .map(String::from)
+            .into_iter()
+            .chain([
+                format!("--offload-arch={}", self.target),
+                format!("-mcode-object-version={}", package.code_object_version),
+            ])
+            .collect(),
+            TargetId::Nvidia(_) => ["-x", "cuda", "--cuda-device-only", "-nocudainc", "-nocudalib", "-S"]
+                .map(String::from)
+                .into_iter()
+                .chain([
+                    format!("--cuda-gpu-arch={}", self.target),
+                    format!("--cuda-feature={PTX_FEATURE}"),
+                ])
+                .collect(),
+        };
+        args.extend(["-std=c++17", "-O3"].map(String::from));
+        for dir in &package.include_dirs {
+            args.push(format!("-I{}", dir.display()));
+        }
+        for (name, value) in &self.defines {
+            args.push(format!("-D{name}={value}"));
+        }
+        args.extend(self.flags.iter().cloned());
+        args.push(self.source.display().to_string());
+        args
+    }
+
+    /// The ptxas arguments that decide the cubin (NVIDIA jobs only).
+    pub fn ptxas_args(&self) -> Vec<String> {
+        vec![format!("-arch={}", self.target), "-O3".into(), "-v".into()]
+    }
+
+    /// Runs the compiler (and ptxas) with outputs in `out`, which must exist and be empty.
+    pub fn run(
+        &self,
+        package: &Package,
+        toolchain: &Toolchain,
+        out: &Path,
+    ) -> Result<(), JobFailure> {
+        let main_output = out.join(if self.is_nvidia() {
+            outputs::PTX
+        } else {
+            outputs::CODE_OBJECT
+        });
+        let mut clang = Command::new(&toolchain.clang);
+        clang
+            .current_dir(&package.dir)
+            .args(self.clang_args(package))
+            // The driver's -MD is ignored with --cuda-device-only; the front end's own
+            // dependency-file option is not.
+            .args(["-Xclang", "-dependency-file", "-Xclang"])
+            .arg(out.join(outputs::DEPS))
+            .args(["-Xclang", "-MT", "-Xclang", "code"])
+            .arg("-o")
+            .arg(&main_output);
+        if !self.is_nvidia() {
+            clang.arg(format!("--ld-path={}", toolchain.lld.display()));
+        }
+        self.run_tool(clang, "clang")?;
+
+        if let (true, Some((ptxas, _))) = (self.is_nvidia(), &toolchain.ptxas) {
+            let mut command = Command::new(ptxas);
+            command
+                .args(self.ptxas_args())
+                .arg(&main_output)
+                .arg("-o")
+                .arg(out.join(outputs::CUBIN));
+            let report = self.run_tool(command, "ptxas")?;
+            std::fs::write(out.join(outputs::PTXAS_REPORT), report).map_err(|e| JobFailure {
+                job: self.name(),
+                command: "writing the ptxas report".into(),
+                status: "error".into(),
+                diagnostics: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Runs `command`, returning what it printed on stderr (ptxas's report) on success.
+    fn run_tool(&self, mut command: Command, tool: &str) -> Result<String, JobFailure> {
+        let failure = |status: String, diagnostics: String| JobFailure {
+            job: self.name(),
+            command: tool.to_owned(),
+            status,
+            diagnostics,
+        };
+        let output = command
+            .output()
+            .map_err(|e| failure("could not start".into(), e.to_string()))?;
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        if output.status.success() {
+            Ok(stderr)
+        } else {
+            Err(failure(output.status.to_string(), stderr.trim_end().to_owned()))
+        }
+    }
+}
+
+/// The files a compiler's dependency file names, relative to where the compiler ran.
+pub fn parse_depfile(text: &str) -> Vec<PathBuf> {
+    let joined = text.replace("\\\n", " ");
+    let Some((_, deps)) = joined.split_once(": ") else {
+        return Vec::new();
+    };
+    let mut paths = Vec::new();
+    let mut current = String::new();
+    let mut chars = deps.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            // Make syntax escapes spaces in file names as `\ `.
+            '\\' => match chars.next() {
+                Some(' ') => current.push(' '),
+                Some(other) => {
+                    current.push('\\');
+                    current.push(other);
+                }
+                None => current.push('\\'),
+            },
+            c if c.is_whitespace() => {
+                if !current.is_empty() {
+                    paths.push(PathBuf::from(std::mem::take(&mut current)));
+                }
+            }
+            c => current.push(c),
+        }
+    }
+    if !current.is_empty() {
+        paths.push(PathBuf::from(current));
+    }
+    paths
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depfiles_with_continuations_and_escaped_spaces() {
+        let text = "code: ../kernels/rms\\ norm.hip \\\n  ../kernels/include/hk/device.h\n";
+        assert_eq!(
+            parse_depfile(text),
+            [
+                PathBuf::from("../kernels/rms norm.hip"),
+                PathBuf::from("../kernels/include/hk/device.h")
+            ]
+        );
+        assert!(parse_depfile("garbage").is_empty());
+    }
+}

@@ -1,0 +1,18 @@
+//! hkpack: compile GPU kernels ahead of time, for every target, into versioned bundles.
+//!
+//! The library does the work; the `hkpack` binary is flag parsing and wiring. A build goes
+//! [`manifest`] → [`toolchain`] → [`job`] (planned per module and target, run through the
+//! [`cache`]) → [`signature`] check → [`package`], all driven by [`build::build`].
+
+pub mod build;
+pub mod cache;
+pub mod error;
+pub mod inspect;
+pub mod job;
+pub mod manifest;
+pub mod package;
+pub mod signature;
+pub mod toolchain;
+
+pub use build::{BuildOptions, BuildReport, build};
+pub use error::Error;

@@ -1,0 +1,145 @@
+//! The `hkpack` command: flag parsing and wiring over the hkpack library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use hkload::Bundle;
+use hkload::target::TargetId;
+use hkpack::toolchain::ToolPaths;
+use hkpack::{BuildOptions, inspect};
+
+/// Compile GPU kernels ahead of time for AMD and NVIDIA targets into versioned bundles.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build every kernel module for every target into dist/<name>-<version>/.
+    Build(BuildArgs),
+    /// Show what a bundle holds: modules x targets x kernels with their resource use.
+    Inspect {
+        /// The bundle folder (holding bundle.toml).
+        bundle: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Explain which code object of each module a device would run, and why the others not.
+    Explain {
+        /// The bundle folder (holding bundle.toml).
+        bundle: PathBuf,
+        /// The device's full target ID, e.g. gfx942:sramecc+:xnack- or sm_90.
+        #[arg(long)]
+        target: TargetId,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct BuildArgs {
+    /// Targets to build, comma-separated (default: the package's targets), e.g. gfx942,sm_90.
+    #[arg(long, value_delimiter = ',')]
+    arch: Option<Vec<TargetId>>,
+    /// The manifests folder.
+    #[arg(long, default_value = "manifests")]
+    manifests: PathBuf,
+    /// Where bundle folders are written.
+    #[arg(long, default_value = "dist")]
+    out: PathBuf,
+    /// The build cache folder.
+    #[arg(long, env = "HKPACK_CACHE_DIR", default_value = ".hkpack-cache")]
+    cache_dir: PathBuf,
+    /// Parallel compile jobs (default: the number of cores).
+    #[arg(short, long)]
+    jobs: Option<usize>,
+    /// Write plain offload bundles instead of zstd-compressed (CCOB) ones.
+    #[arg(long)]
+    no_compress: bool,
+    /// Print nothing but errors: no progress bars, no summary.
+    #[arg(short, long)]
+    quiet: bool,
+    /// The clang to use (else HKPACK_CLANG, clang on PATH, /usr/lib/llvm-NN/bin).
+    #[arg(long)]
+    clang: Option<PathBuf>,
+    /// The ptxas to use (else HKPACK_PTXAS, ptxas on PATH, $CUDA_HOME/bin).
+    #[arg(long)]
+    ptxas: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
+    match cli.command {
+        Command::Build(args) => {
+            let options = BuildOptions {
+                manifests: args.manifests,
+                targets: args.arch,
+                jobs: args.jobs.unwrap_or_else(|| {
+                    std::thread::available_parallelism().map_or(1, |n| n.get())
+                }),
+                out_dir: args.out,
+                cache_dir: args.cache_dir,
+                compress: !args.no_compress,
+                tools: ToolPaths {
+                    clang: args.clang,
+                    ptxas: args.ptxas,
+                },
+                progress: !args.quiet,
+            };
+            let report = hkpack::build(&options)?;
+            if !args.quiet {
+                println!("{report}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Inspect { bundle, json } => {
+            let rows = inspect::rows(&Bundle::open(&bundle)?);
+            if json {
+                println!("{}", to_json(&rows));
+            } else {
+                print!("{}", inspect::table(&rows));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Explain {
+            bundle,
+            target,
+            json,
+        } => {
+            let explanation = Bundle::open(&bundle)?.explain(&target);
+            if json {
+                println!("{}", to_json(&explanation));
+            } else {
+                print!("{explanation}");
+            }
+            if explanation.is_servable() {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!(
+                    "error: this bundle has no code object for {target} in at least one module (see above)"
+                );
+                Ok(ExitCode::FAILURE)
+            }
+        }
+    }
+}
+
+fn to_json(value: &impl serde::Serialize) -> String {
+    serde_json::to_string_pretty(value)
+        .expect("inspection and explanation values hold only strings and numbers")
+}

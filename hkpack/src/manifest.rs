@@ -1,0 +1,397 @@
+//! The package's manifests: `manifests/package.toml` (name, version, targets, code-object
+//! version, include folders) and one TOML file per kernel module (source, kernels with their
+//! declared signatures, defines, flags, per-target overrides).
+//!
+//! Every problem is reported as `file:line:column: what is wrong`, so a user can jump to it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use hkload::abi::Signature;
+use hkload::target::TargetId;
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The file that describes the package, inside the manifests folder.
+pub const PACKAGE_FILE: &str = "package.toml";
+
+/// AMD code-object versions hkpack accepts: v4 loads on the oldest supported ROCm, v5 on ROCm
+/// 6.0+, v6 (needed for generic targets) on ROCm 6.3+.
+pub const CODE_OBJECT_VERSIONS: [u32; 3] = [4, 5, 6];
+
+/// A package: everything `hkpack build` builds.
+#[derive(Debug, Clone)]
+pub struct Package {
+    /// The manifests folder, absolute; every path in a manifest is relative to it.
+    pub dir: PathBuf,
+    pub name: String,
+    pub version: semver::Version,
+    pub targets: Vec<TargetId>,
+    pub code_object_version: u32,
+    pub include_dirs: Vec<PathBuf>,
+    pub modules: Vec<Module>,
+}
+
+/// One kernel module: one source file compiled once per target.
+#[derive(Debug, Clone)]
+pub struct Module {
+    pub name: String,
+    /// The module's manifest file.
+    pub manifest: PathBuf,
+    pub source: PathBuf,
+    pub defines: BTreeMap<String, String>,
+    pub flags: Vec<String>,
+    pub kernels: Vec<KernelDecl>,
+    pub overrides: BTreeMap<TargetId, TargetOverride>,
+}
+
+/// A kernel the module promises, with its declared signature.
+#[derive(Debug, Clone)]
+pub struct KernelDecl {
+    pub symbol: String,
+    pub args: Signature,
+    /// Where the symbol is declared, for messages: `(line, column)`.
+    pub declared_at: (usize, usize),
+}
+
+/// What changes for one target: another source, more defines, more flags.
+#[derive(Debug, Clone, Default)]
+pub struct TargetOverride {
+    pub source: Option<PathBuf>,
+    pub defines: BTreeMap<String, String>,
+    pub flags: Vec<String>,
+}
+
+/// A manifest problem, located in its file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}:{line}:{column}: {message}", path.display())]
+pub struct ManifestError {
+    pub path: PathBuf,
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPackageFile {
+    package: RawPackage,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPackage {
+    name: Spanned<String>,
+    version: Spanned<String>,
+    targets: Spanned<Vec<Spanned<String>>>,
+    amd_code_object_version: Spanned<u32>,
+    #[serde(default)]
+    include_dirs: Vec<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModuleFile {
+    module: RawModule,
+    #[serde(default, rename = "kernel")]
+    kernels: Vec<RawKernel>,
+    #[serde(default, rename = "target")]
+    targets: BTreeMap<Spanned<String>, RawOverride>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModule {
+    name: Spanned<String>,
+    source: Spanned<String>,
+    #[serde(default)]
+    defines: BTreeMap<String, String>,
+    #[serde(default)]
+    flags: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKernel {
+    symbol: Spanned<String>,
+    args: Vec<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOverride {
+    source: Option<Spanned<String>>,
+    #[serde(default)]
+    defines: BTreeMap<String, String>,
+    #[serde(default)]
+    flags: Vec<String>,
+}
+
+/// One manifest file's text, for turning byte spans into line and column.
+struct SourceFile {
+    path: PathBuf,
+    text: String,
+}
+
+impl SourceFile {
+    fn read(path: &Path) -> Result<Self, ManifestError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ManifestError {
+            path: path.to_owned(),
+            line: 0,
+            column: 0,
+            message: format!("cannot read the manifest: {e}"),
+        })?;
+        Ok(Self {
+            path: path.to_owned(),
+            text,
+        })
+    }
+
+    fn error(&self, span: std::ops::Range<usize>, message: impl Into<String>) -> ManifestError {
+        let before = &self.text[..span.start.min(self.text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+        ManifestError {
+            path: self.path.clone(),
+            line,
+            column,
+            message: message.into(),
+        }
+    }
+
+    fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, ManifestError> {
+        toml::from_str(&self.text).map_err(|e| {
+            let span = e.span().unwrap_or(0..0);
+            self.error(span, e.message().trim_end().to_owned())
+        })
+    }
+
+    /// A path written in this manifest, which must exist relative to the manifest's folder.
+    /// It is returned as written: every manifest lives in the package's manifests folder, and
+    /// the compiler runs there, so relative paths keep cache keys the same in every checkout.
+    fn existing_path(&self, written: &Spanned<String>, what: &str) -> Result<PathBuf, ManifestError> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let path = dir.join(written.get_ref());
+        if path.exists() {
+            Ok(PathBuf::from(written.get_ref()))
+        } else {
+            Err(self.error(
+                written.span(),
+                format!("{what} `{}` does not exist (looked for {})", written.get_ref(), path.display()),
+            ))
+        }
+    }
+
+    fn target(&self, written: &Spanned<String>) -> Result<TargetId, ManifestError> {
+        written
+            .get_ref()
+            .parse()
+            .map_err(|e| self.error(written.span(), format!("unknown target: {e}")))
+    }
+}
+
+impl Package {
+    /// Reads `package.toml` and every other `*.toml` in `dir` as a module manifest.
+    pub fn load(dir: &Path) -> Result<Self, ManifestError> {
+        let dir = &std::path::absolute(dir).map_err(|e| ManifestError {
+            path: dir.to_owned(),
+            line: 0,
+            column: 0,
+            message: format!("cannot resolve the manifests folder: {e}"),
+        })?;
+        let file = SourceFile::read(&dir.join(PACKAGE_FILE))?;
+        let raw: RawPackageFile = file.parse()?;
+        let raw = raw.package;
+
+        let name = raw.name.get_ref();
+        let name_ok = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !name_ok {
+            return Err(file.error(
+                raw.name.span(),
+                format!("package name `{name}` must be letters, digits, `-` and `_`"),
+            ));
+        }
+        let version = raw.version.get_ref().parse().map_err(|e| {
+            file.error(
+                raw.version.span(),
+                format!("version `{}` is not semver (e.g. 1.2.3): {e}", raw.version.get_ref()),
+            )
+        })?;
+        let targets = unique_targets(&file, raw.targets.get_ref())?;
+        if targets.is_empty() {
+            return Err(file.error(raw.targets.span(), "`targets` lists no target"));
+        }
+        let code_object_version = *raw.amd_code_object_version.get_ref();
+        if !CODE_OBJECT_VERSIONS.contains(&code_object_version) {
+            return Err(file.error(
+                raw.amd_code_object_version.span(),
+                format!(
+                    "AMD code object version {code_object_version} is not one of 4, 5, 6 (5 loads on ROCm 6.0+, 6 needs ROCm 6.3+)"
+                ),
+            ));
+        }
+        let include_dirs = raw
+            .include_dirs
+            .iter()
+            .map(|d| file.existing_path(d, "include folder"))
+            .collect::<Result<_, _>>()?;
+
+        let modules = module_files(dir)?
+            .iter()
+            .map(|path| Module::load(path))
+            .collect::<Result<Vec<_>, _>>()?;
+        check_unique_symbols(&modules)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+            name: name.clone(),
+            version,
+            targets,
+            code_object_version,
+            include_dirs,
+            modules,
+        })
+    }
+
+    /// `<name>-<version>`, the bundle folder's name.
+    pub fn bundle_name(&self) -> String {
+        format!("{}-{}", self.name, self.version)
+    }
+}
+
+fn unique_targets(
+    file: &SourceFile,
+    written: &[Spanned<String>],
+) -> Result<Vec<TargetId>, ManifestError> {
+    let mut targets = Vec::with_capacity(written.len());
+    for item in written {
+        let target = file.target(item)?;
+        if targets.contains(&target) {
+            return Err(file.error(item.span(), format!("target {target} is listed twice")));
+        }
+        targets.push(target);
+    }
+    Ok(targets)
+}
+
+/// The module manifests in `dir`, sorted by file name so builds do not depend on the order
+/// the file system lists them in.
+fn module_files(dir: &Path) -> Result<Vec<PathBuf>, ManifestError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| ManifestError {
+        path: dir.to_owned(),
+        line: 0,
+        column: 0,
+        message: format!("cannot list the manifests folder: {e}"),
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "toml")
+                && p.file_name().is_some_and(|n| n != PACKAGE_FILE)
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+impl Module {
+    fn load(path: &Path) -> Result<Self, ManifestError> {
+        let file = SourceFile::read(path)?;
+        let raw: RawModuleFile = file.parse()?;
+        let name = raw.module.name.get_ref();
+        let name_ok = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !name_ok {
+            return Err(file.error(
+                raw.module.name.span(),
+                format!("module name `{name}` must be letters, digits, `-` and `_`"),
+            ));
+        }
+        let source = file.existing_path(&raw.module.source, "source file")?;
+        if raw.kernels.is_empty() {
+            return Err(file.error(
+                raw.module.name.span(),
+                "the module declares no kernel: add a [[kernel]] table with `symbol` and `args`",
+            ));
+        }
+        let mut kernels: Vec<KernelDecl> = Vec::with_capacity(raw.kernels.len());
+        for kernel in &raw.kernels {
+            let symbol = kernel.symbol.get_ref();
+            if kernels.iter().any(|k| &k.symbol == symbol) {
+                return Err(file.error(
+                    kernel.symbol.span(),
+                    format!("kernel `{symbol}` is declared twice in this module"),
+                ));
+            }
+            let args = kernel
+                .args
+                .iter()
+                .map(|a| {
+                    a.get_ref()
+                        .parse()
+                        .map_err(|e| file.error(a.span(), format!("kernel `{symbol}`: {e}")))
+                })
+                .collect::<Result<Signature, _>>()?;
+            let at = file.error(kernel.symbol.span(), "");
+            kernels.push(KernelDecl {
+                symbol: symbol.clone(),
+                args,
+                declared_at: (at.line, at.column),
+            });
+        }
+        let mut overrides = BTreeMap::new();
+        for (target, raw_override) in &raw.targets {
+            let id = file.target(target)?;
+            let source = raw_override
+                .source
+                .as_ref()
+                .map(|s| file.existing_path(s, "source file"))
+                .transpose()?;
+            overrides.insert(
+                id,
+                TargetOverride {
+                    source,
+                    defines: raw_override.defines.clone(),
+                    flags: raw_override.flags.clone(),
+                },
+            );
+        }
+        Ok(Self {
+            name: name.clone(),
+            manifest: path.to_owned(),
+            source,
+            defines: raw.module.defines,
+            flags: raw.module.flags,
+            kernels,
+            overrides,
+        })
+    }
+}
+
+/// A symbol may exist once in the whole package: hkload finds kernels by name alone.
+fn check_unique_symbols(modules: &[Module]) -> Result<(), ManifestError> {
+    let mut seen: BTreeMap<&str, &Module> = BTreeMap::new();
+    for module in modules {
+        for kernel in &module.kernels {
+            if let Some(first) = seen.insert(&kernel.symbol, module) {
+                let (line, column) = kernel.declared_at;
+                return Err(ManifestError {
+                    path: module.manifest.clone(),
+                    line,
+                    column,
+                    message: format!(
+                        "kernel `{}` is also declared by module `{}` ({}); symbols must be unique in a package",
+                        kernel.symbol,
+                        first.name,
+                        first.manifest.display()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}

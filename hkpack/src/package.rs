@@ -1,0 +1,206 @@
+//! Writing a bundle folder: one clang offload bundle per module (CCOB-compressed by default),
+//! plus `bundle.toml`, assembled in a staging folder beside the destination and moved into
+//! place whole, so `dist/` never holds a half-written bundle.
+
+use std::path::{Path, PathBuf};
+
+use hkload::bundle::hex;
+use hkload::code_object::KernelFacts;
+use hkload::manifest::{
+    BundleManifest, EntryRecord, FORMAT_VERSION, KernelRecord, KernelTarget, MANIFEST_FILE,
+    ModuleRecord, Package as PackageRecord, Toolchain as ToolchainRecord,
+};
+use hkload::offload;
+use hkload::target::{EntryId, TargetId};
+use sha2::{Digest, Sha256};
+
+use crate::manifest::{Module, Package};
+
+/// zstd level for module files: bundles are built once and loaded many times, so spend the
+/// build time on a smaller file (level 19 stays in milliseconds for code objects).
+pub const ZSTD_LEVEL: i32 = 19;
+
+/// The file-name extension of a module file, as clang names HIP fat binaries.
+pub const MODULE_EXTENSION: &str = "hipfb";
+
+/// One module's compiled code for one target.
+#[derive(Debug, Clone)]
+pub struct TargetCode {
+    pub target: TargetId,
+    /// The code images, in bundle order (for NVIDIA: cubin first, then PTX).
+    pub images: Vec<(EntryId, Vec<u8>)>,
+    /// Facts of the module's kernels, in declaration order.
+    pub kernels: Vec<KernelFacts>,
+}
+
+/// Everything a bundle folder is made from.
+#[derive(Debug)]
+pub struct BundleContents<'p> {
+    pub package: &'p Package,
+    pub toolchain: ToolchainRecord,
+    pub targets: Vec<TargetId>,
+    /// Per module (in package order), its code per target (in target order).
+    pub modules: Vec<(&'p Module, Vec<TargetCode>)>,
+    pub compress: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PackageError {
+    #[error("cannot write {}: {detail}", path.display())]
+    Io { path: PathBuf, detail: String },
+    #[error("module `{module}`: {source}")]
+    Format {
+        module: String,
+        #[source]
+        source: offload::FormatError,
+    },
+}
+
+fn io_error(path: &Path) -> impl Fn(std::io::Error) -> PackageError + '_ {
+    move |e| PackageError::Io {
+        path: path.to_owned(),
+        detail: e.to_string(),
+    }
+}
+
+/// Writes the bundle into `out/<name>-<version>/` and returns that folder and its total size.
+/// If the folder already holds exactly these bytes it is left untouched.
+pub fn write(contents: &BundleContents<'_>, out: &Path) -> Result<(PathBuf, u64), PackageError> {
+    std::fs::create_dir_all(out).map_err(io_error(out))?;
+    let staging = tempfile::Builder::new()
+        .prefix(".staging-")
+        .tempdir_in(out)
+        .map_err(io_error(out))?;
+
+    let mut manifest = BundleManifest {
+        format_version: FORMAT_VERSION,
+        targets: contents.targets.clone(),
+        package: PackageRecord {
+            name: contents.package.name.clone(),
+            version: contents.package.version.to_string(),
+        },
+        toolchain: contents.toolchain.clone(),
+        modules: Vec::new(),
+        kernels: Vec::new(),
+    };
+    let mut files = Vec::new();
+    for (module, code) in &contents.modules {
+        let (record, bytes) = module_file(module, code, contents.compress)?;
+        manifest.modules.push(record);
+        files.push((format!("{}.{MODULE_EXTENSION}", module.name), bytes));
+        manifest.kernels.extend(kernel_records(module, code));
+    }
+    files.push((MANIFEST_FILE.to_owned(), manifest.to_toml().into_bytes()));
+
+    let total = files.iter().map(|(_, b)| b.len() as u64).sum();
+    for (name, bytes) in &files {
+        let path = staging.path().join(name);
+        std::fs::write(&path, bytes).map_err(io_error(&path))?;
+    }
+
+    let dest = out.join(contents.package.bundle_name());
+    if holds_exactly(&dest, &files) {
+        return Ok((dest, total));
+    }
+    replace_dir(staging, &dest)?;
+    Ok((dest, total))
+}
+
+fn module_file(
+    module: &Module,
+    code: &[TargetCode],
+    compress: bool,
+) -> Result<(ModuleRecord, Vec<u8>), PackageError> {
+    let images: Vec<(String, &[u8])> = code
+        .iter()
+        .flat_map(|t| &t.images)
+        .map(|(id, bytes)| (id.to_string(), bytes.as_slice()))
+        .collect();
+    let borrowed: Vec<(&str, &[u8])> = images.iter().map(|(id, b)| (id.as_str(), *b)).collect();
+    let format = |source| PackageError::Format {
+        module: module.name.clone(),
+        source,
+    };
+    let plain = offload::write_bundle(&borrowed).map_err(format)?;
+    let bytes = if compress {
+        offload::compress(&plain, ZSTD_LEVEL).map_err(format)?
+    } else {
+        plain
+    };
+    let entries = code
+        .iter()
+        .flat_map(|t| &t.images)
+        .map(|(id, image)| EntryRecord {
+            id: *id,
+            size: image.len() as u64,
+            sha256: hex(&Sha256::digest(image)),
+        })
+        .collect();
+    let record = ModuleRecord {
+        name: module.name.clone(),
+        file: format!("{}.{MODULE_EXTENSION}", module.name),
+        size: bytes.len() as u64,
+        sha256: hex(&Sha256::digest(&bytes)),
+        compressed: compress,
+        entries,
+    };
+    Ok((record, bytes))
+}
+
+fn kernel_records(module: &Module, code: &[TargetCode]) -> Vec<KernelRecord> {
+    module
+        .kernels
+        .iter()
+        .enumerate()
+        .map(|(i, decl)| KernelRecord {
+            symbol: decl.symbol.clone(),
+            module: module.name.clone(),
+            args: decl.args.clone(),
+            targets: code
+                .iter()
+                .map(|t| KernelTarget {
+                    target: t.target,
+                    facts: t.kernels[i].clone(),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Whether `dir` holds exactly `files` with exactly these bytes (a no-op rebuild).
+fn holds_exactly(dir: &Path, files: &[(String, Vec<u8>)]) -> bool {
+    let Ok(listing) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    listing.count() == files.len()
+        && files
+            .iter()
+            .all(|(name, bytes)| std::fs::read(dir.join(name)).is_ok_and(|on_disk| on_disk == *bytes))
+}
+
+/// Moves the finished `staging` folder to `dest`, replacing what was there. Each step is a
+/// rename, so `dest` is at every moment either the old bundle whole, absent, or the new one
+/// whole.
+fn replace_dir(staging: tempfile::TempDir, dest: &Path) -> Result<(), PackageError> {
+    let parent = dest.parent().unwrap_or(Path::new("."));
+    let retired = tempfile::Builder::new()
+        .prefix(".retired-")
+        .tempdir_in(parent)
+        .map_err(io_error(parent))?;
+    let old = retired.path().join("bundle");
+    let had_old = match std::fs::rename(dest, &old) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => return Err(io_error(dest)(e)),
+    };
+    let staged = staging.keep();
+    if let Err(e) = std::fs::rename(&staged, dest) {
+        // Put the old bundle back rather than leave nothing.
+        if had_old {
+            let _ = std::fs::rename(&old, dest);
+        }
+        let _ = std::fs::remove_dir_all(&staged);
+        return Err(io_error(dest)(e));
+    }
+    Ok(())
+}

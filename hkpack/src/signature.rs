@@ -1,0 +1,156 @@
+//! Checking what the compiler made against what the manifest declared: every declared kernel
+//! exists on every target, no undeclared kernel slipped in, and each explicit argument has the
+//! declared size, alignment and kind (pointer or value).
+
+use hkload::abi::{Param, ParamType};
+use hkload::code_object::{ArgKind, KernelFacts};
+use hkload::target::TargetId;
+
+use crate::manifest::Module;
+
+/// A compiled kernel that does not match its declaration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    #[error(
+        "kernel `{kernel}` is declared in {manifest} but the code for {target} has no such kernel (it has: {found}); is it `extern \"C\"` and `__global__`?"
+    )]
+    Missing {
+        kernel: String,
+        target: TargetId,
+        manifest: String,
+        found: String,
+    },
+    #[error(
+        "the code for {target} of module `{module}` has kernel `{kernel}`, which {manifest} does not declare; add a [[kernel]] entry for it"
+    )]
+    Undeclared {
+        kernel: String,
+        module: String,
+        target: TargetId,
+        manifest: String,
+    },
+    #[error(
+        "kernel `{kernel}` on {target}: the manifest declares {declared} arguments, the compiled kernel takes {found}"
+    )]
+    Count {
+        kernel: String,
+        target: TargetId,
+        declared: usize,
+        found: usize,
+    },
+    #[error("kernel `{kernel}` on {target}: argument {index} `{param}` {detail}")]
+    Argument {
+        kernel: String,
+        target: TargetId,
+        index: usize,
+        param: String,
+        detail: String,
+    },
+}
+
+/// Checks the facts of every kernel compiled for `target` against `module`'s declarations and
+/// returns them in declaration order.
+pub fn check(
+    module: &Module,
+    target: &TargetId,
+    compiled: Vec<KernelFacts>,
+) -> Result<Vec<KernelFacts>, SignatureError> {
+    let manifest = module.manifest.display().to_string();
+    if let Some(extra) = compiled
+        .iter()
+        .find(|k| !module.kernels.iter().any(|d| d.symbol == k.name))
+    {
+        return Err(SignatureError::Undeclared {
+            kernel: extra.name.clone(),
+            module: module.name.clone(),
+            target: target.clone(),
+            manifest,
+        });
+    }
+    let mut ordered = Vec::with_capacity(module.kernels.len());
+    for decl in &module.kernels {
+        let facts = compiled
+            .iter()
+            .find(|k| k.name == decl.symbol)
+            .ok_or_else(|| SignatureError::Missing {
+                kernel: decl.symbol.clone(),
+                target: target.clone(),
+                manifest: manifest.clone(),
+                found: compiled
+                    .iter()
+                    .map(|k| k.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        check_args(&decl.symbol, target, &decl.args, facts)?;
+        ordered.push(facts.clone());
+    }
+    Ok(ordered)
+}
+
+fn check_args(
+    kernel: &str,
+    target: &TargetId,
+    declared: &[Param],
+    facts: &KernelFacts,
+) -> Result<(), SignatureError> {
+    if declared.len() != facts.args.len() {
+        return Err(SignatureError::Count {
+            kernel: kernel.to_owned(),
+            target: target.clone(),
+            declared: declared.len(),
+            found: facts.args.len(),
+        });
+    }
+    for (index, (param, slot)) in declared.iter().zip(&facts.args).enumerate() {
+        let fail = |detail: String| {
+            Err(SignatureError::Argument {
+                kernel: kernel.to_owned(),
+                target: target.clone(),
+                index,
+                param: param.to_string(),
+                detail,
+            })
+        };
+        let kind_ok = match (&param.ty, &slot.kind) {
+            (ParamType::Pointer { .. }, ArgKind::GlobalBuffer) => true,
+            (ParamType::Scalar(_), ArgKind::ByValue) => true,
+            _ => false,
+        };
+        if !kind_ok {
+            let declared_kind = if param.ty.is_pointer() {
+                "a pointer"
+            } else {
+                "a value"
+            };
+            return fail(format!(
+                "is declared as {declared_kind} but compiled as {}",
+                describe(&slot.kind)
+            ));
+        }
+        if slot.size != param.ty.size() {
+            return fail(format!(
+                "is declared {} bytes but compiled as {} bytes",
+                param.ty.size(),
+                slot.size
+            ));
+        }
+        if slot.offset % param.ty.align() != 0 {
+            return fail(format!(
+                "sits at offset {}, not a multiple of its alignment {}",
+                slot.offset,
+                param.ty.align()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn describe(kind: &ArgKind) -> String {
+    match kind {
+        ArgKind::GlobalBuffer => "a pointer (global buffer)".into(),
+        ArgKind::ByValue => "a value".into(),
+        ArgKind::DynamicSharedPointer => "a dynamic shared-memory pointer".into(),
+        ArgKind::Other(kind) => format!("`{kind}`"),
+    }
+}

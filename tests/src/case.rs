@@ -1,0 +1,191 @@
+//! A kernel test case as plain data: the arguments of one launch (inputs with their values,
+//! outputs with what they must hold afterwards), the launch shape, and how to judge the result.
+//!
+//! Cases are made on the CPU from fresh random inputs and an f64 reference; any runner (the
+//! GPU parity suite through hkload, or a future backend) uploads the inputs, poisons the outputs
+//! with [`crate::host::POISON_BYTE`], launches, downloads and calls [`Case::check`].
+
+use hkload::abi::{ScalarType, ScalarValue};
+use hkload::driver::LaunchDims;
+
+/// What one output buffer must hold after the launch.
+#[derive(Debug, Clone)]
+pub enum Expect {
+    /// Every element close to the f64 reference: `|got - want| <= abs + rel * |want|`.
+    Close { want: Vec<f64>, abs: f64, rel: f64 },
+    /// Exactly these values (integer outputs).
+    Exact(Vec<f64>),
+    /// Top-k indices: `rows` rows of `k` indices into rows of `row_len` input values; each index
+    /// must be in range, unique in its row, and select an input equal to the value the kernel
+    /// reported at the same place (`values`, the kernel's own value output, checked separately),
+    /// so ties may be broken either way.
+    TopKIndices { input: Vec<f64>, row_len: usize, k: usize, values_arg: usize },
+}
+
+/// One argument of the launch.
+#[derive(Debug, Clone)]
+pub enum CaseArg {
+    /// A device buffer filled with `data` (already rounded to `elem`).
+    Input { name: &'static str, elem: ScalarType, data: Vec<f64> },
+    /// A device buffer of `len` elements, poisoned before the launch.
+    Output { name: &'static str, elem: ScalarType, len: usize, expect: Expect },
+    /// A device buffer filled with `data` that the kernel updates in place.
+    InOut { name: &'static str, elem: ScalarType, data: Vec<f64>, expect: Expect },
+    /// A value passed by copy.
+    Scalar(ScalarValue),
+}
+
+/// One launch of one kernel with its inputs and expected outputs.
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// The kernel's symbol name in the bundle.
+    pub kernel: String,
+    /// Shape and options, for messages: `rows=7 cols=4099`.
+    pub label: String,
+    pub args: Vec<CaseArg>,
+    pub dims: LaunchDims,
+}
+
+/// An output that did not match, with enough detail to start debugging.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mismatch {
+    pub arg: &'static str,
+    pub index: usize,
+    pub got: f64,
+    pub want: String,
+    /// How many elements of this output were wrong.
+    pub count: usize,
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} wrong elements in `{}`, first at [{}]: got {}, want {}",
+            self.count, self.arg, self.index, self.got, self.want
+        )
+    }
+}
+
+impl Case {
+    /// Judges the downloaded outputs. `outputs[i]` holds the decoded contents of argument `i`
+    /// after the launch (`None` for inputs and scalars).
+    pub fn check(&self, outputs: &[Option<Vec<f64>>]) -> Result<(), Mismatch> {
+        for (i, arg) in self.args.iter().enumerate() {
+            let (name, expect) = match arg {
+                CaseArg::Output { name, expect, .. } | CaseArg::InOut { name, expect, .. } => {
+                    (*name, expect)
+                }
+                CaseArg::Input { .. } | CaseArg::Scalar(_) => continue,
+            };
+            let got = outputs.get(i).and_then(Option::as_deref).unwrap_or(&[]);
+            check_one(name, expect, got, outputs)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_one(
+    name: &'static str,
+    expect: &Expect,
+    got: &[f64],
+    outputs: &[Option<Vec<f64>>],
+) -> Result<(), Mismatch> {
+    let mut first: Option<(usize, f64, String)> = None;
+    let mut count = 0;
+    let mut fail = |index: usize, got: f64, want: String| {
+        count += 1;
+        first.get_or_insert((index, got, want));
+    };
+    match expect {
+        Expect::Close { want, abs, rel } => {
+            compare_len(name, got.len(), want.len())?;
+            for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+                // `!(a <= b)` rather than `a > b` so that NaN (an unwritten element) fails.
+                if !((g - w).abs() <= abs + rel * w.abs()) {
+                    fail(i, g, format!("{w} ± {:.3e}", abs + rel * w.abs()));
+                }
+            }
+        }
+        Expect::Exact(want) => {
+            compare_len(name, got.len(), want.len())?;
+            for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+                if g != w {
+                    fail(i, g, w.to_string());
+                }
+            }
+        }
+        Expect::TopKIndices { input, row_len, k, values_arg } => {
+            let values = outputs.get(*values_arg).and_then(Option::as_deref).unwrap_or(&[]);
+            compare_len(name, got.len(), values.len())?;
+            for (row, (indices, vals)) in got.chunks(*k).zip(values.chunks(*k)).enumerate() {
+                let mut seen = std::collections::HashSet::new();
+                for (j, (&idx, &val)) in indices.iter().zip(vals).enumerate() {
+                    let at = row * k + j;
+                    let valid = idx >= 0.0 && (idx as usize) < *row_len && idx.fract() == 0.0;
+                    if !valid || !seen.insert(idx as usize) {
+                        fail(at, idx, format!("a unique index below {row_len}"));
+                    } else if input[row * row_len + idx as usize] != val {
+                        fail(at, idx, format!("an index whose input equals {val}"));
+                    }
+                }
+            }
+        }
+    }
+    match first {
+        None => Ok(()),
+        Some((index, got, want)) => Err(Mismatch { arg: name, index, got, want, count }),
+    }
+}
+
+fn compare_len(name: &'static str, got: usize, want: usize) -> Result<(), Mismatch> {
+    if got == want {
+        return Ok(());
+    }
+    Err(Mismatch {
+        arg: name,
+        index: got.min(want),
+        got: got as f64,
+        want: format!("{want} elements"),
+        count: 1,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(expect: Expect) -> Case {
+        Case {
+            kernel: "k".into(),
+            label: String::new(),
+            args: vec![CaseArg::Output { name: "out", elem: ScalarType::F32, len: 2, expect }],
+            dims: LaunchDims::linear(1, 1),
+        }
+    }
+
+    #[test]
+    fn close_accepts_tolerance_and_refuses_nan() {
+        let c = case(Expect::Close { want: vec![1.0, 2.0], abs: 0.0, rel: 1e-3 });
+        assert!(c.check(&[Some(vec![1.0005, 2.0])]).is_ok());
+        let err = c.check(&[Some(vec![1.0, f64::NAN])]).unwrap_err();
+        assert_eq!((err.index, err.count), (1, 1));
+        assert!(c.check(&[Some(vec![1.0])]).is_err(), "short output must fail");
+    }
+
+    #[test]
+    fn topk_indices_allow_ties_but_not_repeats() {
+        let input = vec![5.0, 7.0, 7.0, 1.0];
+        let mut c = case(Expect::TopKIndices { input, row_len: 4, k: 2, values_arg: 1 });
+        c.args.push(CaseArg::Output {
+            name: "values",
+            elem: ScalarType::F32,
+            len: 2,
+            expect: Expect::Exact(vec![7.0, 7.0]),
+        });
+        let values = Some(vec![7.0, 7.0]);
+        assert!(c.check(&[Some(vec![2.0, 1.0]), values.clone()]).is_ok());
+        assert!(c.check(&[Some(vec![1.0, 1.0]), values.clone()]).is_err());
+        assert!(c.check(&[Some(vec![0.0, 1.0]), values]).is_err());
+    }
+}

@@ -1,0 +1,92 @@
+//! Host-side values in the device's element types: rounding f64 values to what a dtype can
+//! hold, and encoding them to (and decoding them from) the bytes a device buffer holds.
+
+use half::{bf16, f16};
+use hkload::abi::ScalarType;
+
+/// The value `x` becomes when stored as `ty` (round to nearest even for floats; integers are
+/// expected to be integral and in range already).
+pub fn round_to(ty: ScalarType, x: f64) -> f64 {
+    match ty {
+        ScalarType::Bf16 => bf16::from_f64(x).to_f64(),
+        ScalarType::F16 => f16::from_f64(x).to_f64(),
+        ScalarType::F32 => x as f32 as f64,
+        _ => x,
+    }
+}
+
+/// Little-endian device bytes of `values` stored as `ty`.
+pub fn encode(ty: ScalarType, values: &[f64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() * ty.size() as usize);
+    for &x in values {
+        match ty {
+            ScalarType::Bf16 => out.extend(bf16::from_f64(x).to_le_bytes()),
+            ScalarType::F16 => out.extend(f16::from_f64(x).to_le_bytes()),
+            ScalarType::F32 => out.extend((x as f32).to_le_bytes()),
+            ScalarType::F64 => out.extend(x.to_le_bytes()),
+            ScalarType::I8 => out.extend((x as i8).to_le_bytes()),
+            ScalarType::U8 => out.extend((x as u8).to_le_bytes()),
+            ScalarType::I16 => out.extend((x as i16).to_le_bytes()),
+            ScalarType::U16 => out.extend((x as u16).to_le_bytes()),
+            ScalarType::I32 => out.extend((x as i32).to_le_bytes()),
+            ScalarType::U32 => out.extend((x as u32).to_le_bytes()),
+            ScalarType::I64 => out.extend((x as i64).to_le_bytes()),
+            ScalarType::U64 => out.extend((x as u64).to_le_bytes()),
+        }
+    }
+    out
+}
+
+/// Values of the `ty` elements in `bytes` (a trailing partial element is ignored).
+pub fn decode(ty: ScalarType, bytes: &[u8]) -> Vec<f64> {
+    let size = ty.size() as usize;
+    bytes
+        .chunks_exact(size)
+        .map(|b| {
+            let b2 = || [b[0], b[1]];
+            let b4 = || [b[0], b[1], b[2], b[3]];
+            let b8 = || [b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]];
+            match ty {
+                ScalarType::Bf16 => bf16::from_le_bytes(b2()).to_f64(),
+                ScalarType::F16 => f16::from_le_bytes(b2()).to_f64(),
+                ScalarType::F32 => f32::from_le_bytes(b4()) as f64,
+                ScalarType::F64 => f64::from_le_bytes(b8()),
+                ScalarType::I8 => b[0] as i8 as f64,
+                ScalarType::U8 => b[0] as f64,
+                ScalarType::I16 => i16::from_le_bytes(b2()) as f64,
+                ScalarType::U16 => u16::from_le_bytes(b2()) as f64,
+                ScalarType::I32 => i32::from_le_bytes(b4()) as f64,
+                ScalarType::U32 => u32::from_le_bytes(b4()) as f64,
+                ScalarType::I64 => i64::from_le_bytes(b8()) as f64,
+                ScalarType::U64 => u64::from_le_bytes(b8()) as f64,
+            }
+        })
+        .collect()
+}
+
+/// A byte pattern written over every output before a kernel runs, so an element the kernel
+/// never wrote cannot pass: it decodes to NaN in every float type and to an absurd integer.
+pub const POISON_BYTE: u8 = 0xFF;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encode_decode_round_trips_rounded_values() {
+        let xs = [0.0, -1.5, 3.141_592_653_589_793, 65_504.0, 1e-3];
+        for ty in [ScalarType::Bf16, ScalarType::F16, ScalarType::F32] {
+            let rounded: Vec<f64> = xs.iter().map(|&x| round_to(ty, x)).collect();
+            assert_eq!(decode(ty, &encode(ty, &rounded)), rounded, "{ty}");
+        }
+        assert_eq!(decode(ScalarType::I32, &encode(ScalarType::I32, &[-7.0])), [-7.0]);
+    }
+
+    #[test]
+    fn poison_is_nan_in_every_float_type() {
+        for ty in [ScalarType::Bf16, ScalarType::F16, ScalarType::F32, ScalarType::F64] {
+            let poisoned = vec![POISON_BYTE; ty.size() as usize];
+            assert!(decode(ty, &poisoned)[0].is_nan(), "{ty}");
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! Causal depthwise 1-D convolution (Mamba's `causal_conv1d`): the f64 reference and the
+//! cases of the kernels in `kernels/causal_conv1d.hip`.
+//!
+//! Symbols: `causal_conv1d_{bf16,f16,f32}` and `causal_conv1d_bias_silu_{bf16,f16,f32}`. Input
+//! `x` is `[batch, dim, seqlen]`, the filter `weight` is `[dim, width]` (and `bias` is `[dim]`),
+//! all in the one element type; `out` has the shape of `x`.
+
+use hkload::abi::{ScalarType, ScalarValue};
+use hkload::driver::LaunchDims;
+use rand::Rng;
+
+use crate::case::{Case, CaseArg, Expect};
+use crate::host::round_to;
+
+/// The shape of one causal convolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvShape {
+    pub batch: usize,
+    pub dim: usize,
+    pub seqlen: usize,
+    pub width: usize,
+}
+
+/// `out[b, c, t] = Σ_k weight[c, k] · x[b, c, t − (width − 1) + k]`, with `x` taken as zero
+/// before `t = 0`; then, when `bias` is given, `silu(out + bias[c])`. The output stops at the
+/// first channel whose input, filter or bias the buffers do not hold.
+pub fn causal_conv1d(x: &[f64], weight: &[f64], bias: Option<&[f64]>, shape: ConvShape) -> Vec<f64> {
+    let ConvShape { batch, dim, seqlen, width } = shape;
+    let mut out = Vec::with_capacity(batch * dim * seqlen);
+    if seqlen == 0 || width == 0 {
+        return out;
+    }
+    for (row, signal) in x.chunks_exact(seqlen).take(batch * dim).enumerate() {
+        let channel = row % dim;
+        let Some(filter) = weight.get(channel * width..(channel + 1) * width) else { break };
+        let shift = match bias.map(|b| b.get(channel)) {
+            None => None,
+            Some(Some(&b)) => Some(b),
+            Some(None) => break,
+        };
+        for t in 0..seqlen {
+            // Tap k reads x[t − (width − 1) + k]; taps before the start see zeros.
+            let first_tap = (width - 1).saturating_sub(t);
+            let acc: f64 = (first_tap..width).map(|k| filter[k] * signal[t + k + 1 - width]).sum();
+            out.push(shift.map_or(acc, |b| silu(acc + b)));
+        }
+    }
+    out
+}
+
+/// SiLU (swish): `x · sigmoid(x)`.
+pub fn silu(x: f64) -> f64 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Threads in a block; each thread computes [`OUTPUTS_PER_THREAD`] consecutive outputs of one
+/// channel, so a block covers [`TILE`] time steps.
+pub const BLOCK_THREADS: u32 = 128;
+/// Consecutive outputs one thread computes.
+pub const OUTPUTS_PER_THREAD: u32 = 8;
+/// Time steps one block covers.
+pub const TILE: u32 = BLOCK_THREADS * OUTPUTS_PER_THREAD;
+
+/// The launch of either kernel: grid `(batch · dim, ceil(seqlen / TILE))`, one block row per
+/// channel of one sequence.
+pub fn launch_dims(shape: ConvShape) -> LaunchDims {
+    LaunchDims {
+        grid: [(shape.batch * shape.dim) as u32, (shape.seqlen as u32).div_ceil(TILE), 1],
+        block: [BLOCK_THREADS, 1, 1],
+        shared_bytes: 0,
+    }
+}
+
+const SHAPES: [ConvShape; 9] = [
+    ConvShape { batch: 1, dim: 1, seqlen: 1, width: 4 },
+    ConvShape { batch: 2, dim: 3, seqlen: 17, width: 4 },
+    ConvShape { batch: 1, dim: 4, seqlen: 1000, width: 3 },
+    ConvShape { batch: 2, dim: 8, seqlen: 2048, width: 4 },
+    ConvShape { batch: 1, dim: 2, seqlen: 4099, width: 2 },
+    ConvShape { batch: 2, dim: 4, seqlen: 1030, width: 4 },
+    ConvShape { batch: 3, dim: 5, seqlen: 33, width: 1 },
+    ConvShape { batch: 1, dim: 3, seqlen: 100, width: 7 },
+    ConvShape { batch: 1, dim: 2, seqlen: 2051, width: 33 },
+];
+
+/// `(abs, rel)` tolerance: the kernels accumulate `width` products in f32 and round once to the
+/// element type; the f32 SiLU uses the hardware's approximate exp and reciprocal (a few ulps).
+/// The absolute term covers outputs that nearly cancel.
+fn tolerance(ty: ScalarType) -> (f64, f64) {
+    match ty {
+        ScalarType::Bf16 => (1e-5, 2f64.powi(-8)),
+        ScalarType::F16 => (1e-5, 2f64.powi(-11)),
+        _ => (1e-6, 1e-5),
+    }
+}
+
+/// Both kernels in every dtype at every shape in [`SHAPES`], with fresh random inputs.
+pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for with_bias_silu in [false, true] {
+        for ty in [ScalarType::Bf16, ScalarType::F16, ScalarType::F32] {
+            for shape in SHAPES {
+                cases.push(case(with_bias_silu, ty, shape, rng));
+            }
+        }
+    }
+    cases
+}
+
+fn case(with_bias_silu: bool, ty: ScalarType, shape: ConvShape, rng: &mut impl Rng) -> Case {
+    let ConvShape { batch, dim, seqlen, width } = shape;
+    let mut draw = |len: usize, scale: f64| -> Vec<f64> {
+        (0..len).map(|_| round_to(ty, scale * rng.random_range(-1.0..1.0))).collect()
+    };
+    let x = draw(batch * dim * seqlen, 2.0);
+    // Filter taps of the size trained models have, so that sums stay of order one.
+    let weight = draw(dim * width, 1.0 / (width as f64).sqrt());
+    let bias = with_bias_silu.then(|| draw(dim, 0.5));
+    let want = causal_conv1d(&x, &weight, bias.as_deref(), shape);
+    let (abs, rel) = tolerance(ty);
+    let mut args = vec![
+        CaseArg::Output { name: "out", elem: ty, len: want.len(), expect: Expect::Close { want, abs, rel } },
+        CaseArg::Input { name: "x", elem: ty, data: x },
+        CaseArg::Input { name: "weight", elem: ty, data: weight },
+    ];
+    if let Some(bias) = bias {
+        args.push(CaseArg::Input { name: "bias", elem: ty, data: bias });
+    }
+    args.extend(
+        [batch, dim, seqlen, width].map(|n| CaseArg::Scalar(ScalarValue::U32(n as u32))),
+    );
+    let family = if with_bias_silu { "causal_conv1d_bias_silu" } else { "causal_conv1d" };
+    Case {
+        kernel: format!("{family}_{}", ty.name()),
+        label: format!("batch={batch} dim={dim} seqlen={seqlen} width={width}"),
+        args,
+        dims: launch_dims(shape),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    #[test]
+    fn convolution_is_causal_with_zero_history() {
+        // One channel, width 3, taps (w0, w1, w2) = (1, 10, 100): out[t] = x[t-2] + 10 x[t-1] + 100 x[t].
+        let shape = ConvShape { batch: 1, dim: 1, seqlen: 4, width: 3 };
+        let got = causal_conv1d(&[1.0, 2.0, 3.0, 4.0], &[1.0, 10.0, 100.0], None, shape);
+        assert_eq!(got, [100.0, 210.0, 321.0, 432.0]);
+    }
+
+    #[test]
+    fn channels_use_their_own_filter_across_the_batch() {
+        // Two sequences of two channels; channel 0 sums the last two steps, channel 1 doubles.
+        let shape = ConvShape { batch: 2, dim: 2, seqlen: 2, width: 2 };
+        let x = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        let got = causal_conv1d(&x, &[1.0, 1.0, 0.0, 2.0], None, shape);
+        assert_eq!(got, [1.0, 3.0, 6.0, 8.0, 5.0, 11.0, 14.0, 16.0]);
+    }
+
+    #[test]
+    fn bias_and_silu_follow_the_sum() {
+        let shape = ConvShape { batch: 1, dim: 1, seqlen: 2, width: 1 };
+        let got = causal_conv1d(&[1.0, -2.0], &[1.0], Some(&[1.0]), shape);
+        let want = [2.0 / (1.0 + (-2f64).exp()), -1.0 / (1.0 + 1f64.exp())];
+        assert_eq!(got, want);
+        assert_eq!(silu(0.0), 0.0);
+        assert!((silu(1.0) - 0.731_058_578_630_004_9).abs() < 1e-15);
+    }
+
+    #[test]
+    fn degenerate_shapes_and_short_buffers_give_short_output() {
+        let shape = ConvShape { batch: 1, dim: 1, seqlen: 3, width: 0 };
+        assert!(causal_conv1d(&[1.0, 2.0, 3.0], &[], None, shape).is_empty());
+        // Two channels declared, one filter given: only channel 0 is computed.
+        let shape = ConvShape { batch: 1, dim: 2, seqlen: 1, width: 1 };
+        assert_eq!(causal_conv1d(&[3.0, 4.0], &[2.0], None, shape), [6.0]);
+        assert_eq!(causal_conv1d(&[3.0, 4.0], &[2.0, 1.0], Some(&[0.0]), shape).len(), 1);
+    }
+
+    #[test]
+    fn cases_cover_every_symbol_and_every_time_step() {
+        let cases = cases(&mut StdRng::seed_from_u64(3));
+        let mut kernels: Vec<_> = cases.iter().map(|c| c.kernel.as_str()).collect();
+        kernels.dedup();
+        assert_eq!(kernels.len(), 6);
+        for case in &cases {
+            let Some(CaseArg::Output { len, .. }) = case.args.first() else {
+                panic!("{}: out comes first", case.kernel);
+            };
+            let [rows, tiles, _] = case.dims.grid;
+            assert!(rows as usize * tiles as usize * TILE as usize >= *len, "{}", case.label);
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! The f64 reference and the test cases of every kernel in the library, one module per family.
+//! A runner takes [`all_cases`], runs each case on a device and calls [`crate::case::Case::check`].
+
+pub mod activation;
+pub mod conv1d;
+pub mod norm;
+pub mod rope;
+pub mod softmax;
+pub mod topk;
+
+use crate::case::Case;
+
+/// Every case of every kernel family, drawn from `rng` (fresh random inputs each call).
+pub fn all_cases(rng: &mut impl rand::Rng) -> Vec<Case> {
+    let mut cases = Vec::new();
+    cases.extend(norm::cases(rng));
+    cases.extend(activation::cases(rng));
+    cases.extend(softmax::cases(rng));
+    cases.extend(rope::cases(rng));
+    cases.extend(topk::cases(rng));
+    cases.extend(conv1d::cases(rng));
+    cases
+}

@@ -1,0 +1,6 @@
+//! Shared pieces of the end-to-end tests and GPU programs: host-side dtype handling, kernel
+//! test cases, and the f64 reference of every kernel in the library.
+
+pub mod case;
+pub mod host;
+pub mod kernels;
