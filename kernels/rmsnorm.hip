@@ -1,50 +1,105 @@
-// RMSNorm over the last dimension of a row-major [rows, cols] tensor:
-//   out[r, i] = x[r, i] * rsqrt(mean_i(x[r, i]^2) + eps) * weight[i]
-// in f32, rounded once to the element type on the way out.
+// RMSNorm over the last dimension of a row-major [rows, cols] tensor, in f32, each output
+// rounded once to the element type:
 //
-// Symbols: rmsnorm_{bf16,f16,f32}(out, x, weight, eps, rows, cols).
-// Launch: 256 threads per block, one block per row (grid = rows). Any grid is correct, blocks
-// walk the rows with a grid stride, so a smaller grid only costs speed.
+//   rmsnorm:           out[r, i] = x[r, i] * rsqrt(mean_i(x[r, i]^2) + eps) * weight[i]
+//   fused_add_rmsnorm: residual[r, i] <- T(x[r, i] + residual[r, i])   (updated in place)
+//                      out[r, i] = rmsnorm(residual)[r, i], computed from the updated
+//                      residual exactly as stored in T (as vLLM's fused_add_rms_norm does;
+//                      out may be x, its in-place form).
+//
+// Symbols: rmsnorm_{bf16,f16,f32}(out, x, weight, eps, rows, cols)
+//          fused_add_rmsnorm_{bf16,f16,f32}(out, residual, x, weight, eps, rows, cols)
+// Launch: 256 threads per block; grid = ceil(rows / 8) when a row holds at most 2 KiB
+// (cols * sizeof(T) <= 2048: a 32-lane team per row), else grid = rows (a block per row).
+// Any grid is correct (teams walk the rows with a grid stride); another one only costs speed.
 #include "hk/hk.h"
 #include "hk/walk.h"
 
 namespace {
 
 constexpr unsigned kBlock = 256;
+// At least 3 blocks per SM: at most 85 registers a thread, enough for a row tile and its
+// weights without spilling, and plenty of loads in flight.
+constexpr unsigned kMinBlocks = 3;
+
+// Writes out = v * scale * weight for the pack of values v at column i.
+template <typename T, unsigned N>
+HK_DEVICE void write_scaled(T* out, const T* weight, unsigned i, float scale,
+                            const hk::Pack<T, N>& v) {
+  const auto w = hk::load(weight + i, hk::Width<N>{});
+  hk::Pack<T, N> y;
+#pragma unroll
+  for (unsigned e = 0; e < N; ++e)
+    y.elem[e] = hk::from_float<T>(hk::to_float(v.elem[e]) * scale * hk::to_float(w.elem[e]));
+  hk::store(out + i, y);
+}
+
+template <typename T, unsigned N> HK_DEVICE float sum_squares(const hk::Pack<T, N>& v) {
+  float s = 0.0f;
+#pragma unroll
+  for (unsigned e = 0; e < N; ++e) s += hk::to_float(v.elem[e]) * hk::to_float(v.elem[e]);
+  return s;
+}
+
+template <typename Walk> HK_DEVICE float rms_scale(Walk& walk, float sum_sq, unsigned cols, float eps) {
+  return hk::rsqrt(walk.sum(sum_sq) / static_cast<float>(cols) + eps);
+}
 
 template <typename T>
 HK_DEVICE void rmsnorm(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ weight,
                        float eps, unsigned rows, unsigned cols) {
-  const hk::RowWalk<T, kBlock> walk(cols, hk::aligned16(out, x, weight));
-  for (unsigned r = hk::block_idx_x(); r < rows; r += hk::grid_dim_x()) {
+  hk::for_each_row<T, kBlock>(rows, cols, hk::aligned16(out, x, weight), [&](auto& walk, unsigned r) {
     const T* xr = x + hk::row_offset(r, cols);
     T* outr = out + hk::row_offset(r, cols);
-    typename hk::RowWalk<T, kBlock>::Tile tile;
     float sum_sq = 0.0f;
-    walk.first_pass(tile, [&](unsigned i, auto n) {
+    walk.first_pass([&](unsigned i, auto n) {
       const auto v = hk::load(xr + i, n);
-#pragma unroll
-      for (unsigned e = 0; e < n; ++e) sum_sq += hk::to_float(v.elem[e]) * hk::to_float(v.elem[e]);
+      sum_sq += sum_squares(v);
       return v;
     });
-    const float scale = hk::rsqrt(hk::block_sum(sum_sq) / static_cast<float>(cols) + eps);
-    walk.pass(tile, xr, [&](unsigned i, auto n, const auto& v) {
-      const auto w = hk::load(weight + i, n);
-      hk::Pack<T, n> y;
+    const float scale = rms_scale(walk, sum_sq, cols, eps);
+    walk.pass(xr, [&](unsigned i, auto, const auto& v) { write_scaled(outr, weight, i, scale, v); });
+  });
+}
+
+// out and x are not __restrict__: out may be x.
+template <typename T>
+HK_DEVICE void fused_add_rmsnorm(T* out, T* __restrict__ residual, const T* x,
+                                 const T* __restrict__ weight, float eps, unsigned rows,
+                                 unsigned cols) {
+  const bool aligned = hk::aligned16(out, residual, x, weight);
+  hk::for_each_row<T, kBlock>(rows, cols, aligned, [&](auto& walk, unsigned r) {
+    const T* xr = x + hk::row_offset(r, cols);
+    T* resr = residual + hk::row_offset(r, cols);
+    T* outr = out + hk::row_offset(r, cols);
+    float sum_sq = 0.0f;
+    walk.first_pass([&](unsigned i, auto n) {
+      const auto a = hk::load(xr + i, n);
+      const auto b = hk::load(resr + i, n);
+      hk::Pack<T, n> sum;
 #pragma unroll
       for (unsigned e = 0; e < n; ++e)
-        y.elem[e] = hk::from_float<T>(hk::to_float(v.elem[e]) * scale * hk::to_float(w.elem[e]));
-      hk::store(outr + i, y);
+        sum.elem[e] = hk::from_float<T>(hk::to_float(a.elem[e]) + hk::to_float(b.elem[e]));
+      hk::store(resr + i, sum);
+      sum_sq += sum_squares(sum);
+      return sum;
     });
-  }
+    const float scale = rms_scale(walk, sum_sq, cols, eps);
+    walk.pass(resr, [&](unsigned i, auto, const auto& v) { write_scaled(outr, weight, i, scale, v); });
+  });
 }
 
 }  // namespace
 
-#define HK_RMSNORM(name, T)                                                                  \
-  HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void rmsnorm_##name(                                   \
-      T* out, const T* x, const T* weight, float eps, unsigned rows, unsigned cols) {        \
-    rmsnorm<T>(out, x, weight, eps, rows, cols);                                             \
+#define HK_RMSNORM(name, T)                                                                   \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kMinBlocks) void rmsnorm_##name(                                    \
+      T* out, const T* x, const T* weight, float eps, unsigned rows, unsigned cols) {         \
+    rmsnorm<T>(out, x, weight, eps, rows, cols);                                              \
+  }                                                                                           \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kMinBlocks) void fused_add_rmsnorm_##name(                          \
+      T* out, T* residual, const T* x, const T* weight, float eps, unsigned rows,             \
+      unsigned cols) {                                                                        \
+    fused_add_rmsnorm<T>(out, residual, x, weight, eps, rows, cols);                          \
   }
 HK_RMSNORM(bf16, hk::bf16)
 HK_RMSNORM(f16, hk::f16)

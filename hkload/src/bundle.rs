@@ -188,7 +188,7 @@ impl Bundle {
             })
             .collect();
         Explanation {
-            device: device.clone(),
+            device: *device,
             modules,
         }
     }
@@ -204,14 +204,14 @@ impl Bundle {
             let Some((entry, _)) = selection.chosen() else {
                 return Err(Error::NoCodeObject {
                     module: record.name.clone(),
-                    device: target.clone(),
+                    device: *target,
                     available: record.entries.iter().map(|e| e.id.to_string()).collect(),
                     explanation: selection.to_string(),
                 });
             };
             modules.push(ModuleSlot {
                 index,
-                entry: entry.clone(),
+                entry: *entry,
                 loaded: OnceLock::new(),
             });
         }
@@ -454,7 +454,7 @@ impl LoadedBundle {
         let layout = ArgLayout::new(
             &record.args,
             facts,
-            slot.entry.target(),
+            &slot.entry.target(),
             shared_memory_limit(self.inner.device.target()),
         )
         .map_err(|detail| Error::Mismatch {
@@ -497,7 +497,7 @@ impl LoadedBundle {
 
 fn kernel_facts<'a>(record: &'a KernelRecord, entry: &EntryId) -> Result<&'a KernelFacts> {
     record
-        .facts_for(entry.target())
+        .facts_for(&entry.target())
         .ok_or_else(|| Error::Mismatch {
             what: format!("kernel `{}`", record.symbol),
             detail: format!(

@@ -1,6 +1,7 @@
 //! hkload: open an hkpack bundle, pick the code object for the GPU, launch kernels checked.
 
 pub mod abi;
+pub mod auto;
 pub mod bundle;
 pub mod code_object;
 pub mod device;

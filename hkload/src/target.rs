@@ -17,7 +17,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::driver::ImageKind;
 
 /// A feature an AMD target ID can pin on or off. No other feature appears in target IDs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FeatureName {
     /// SRAM error correction.
@@ -58,7 +58,7 @@ impl fmt::Display for FeatureName {
 }
 
 /// How a target ID sets one feature.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Feature {
     /// Not named. Code built this way runs with the feature on or off; in a device's target ID
@@ -98,8 +98,9 @@ impl fmt::Display for Vendor {
     }
 }
 
-/// What hkload knows about one AMD processor: a row of [`PROCESSORS`].
-#[derive(Debug, PartialEq, Eq, Hash)]
+/// What hkload knows about one AMD processor: a row of [`PROCESSORS`]. The derived order
+/// compares names first, and names are unique.
+#[derive(Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct ProcessorSpec {
     name: &'static str,
     /// `EF_AMDGPU_MACH`, the processor's number in a code object's `e_flags`.
@@ -109,7 +110,7 @@ struct ProcessorSpec {
     role: Role,
 }
 
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Role {
     /// A real GPU, and the generic target whose code also runs on it, if any.
     Native { generic: Option<&'static str> },
@@ -174,8 +175,8 @@ fn known_processors() -> String {
     names.join(", ")
 }
 
-/// An AMD processor hkload knows (`gfx942`, `gfx9-4-generic`).
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+/// An AMD processor hkload knows (`gfx942`, `gfx9-4-generic`). Processors order by name.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Processor(&'static ProcessorSpec);
 
 impl Processor {
@@ -217,6 +218,13 @@ impl fmt::Debug for Processor {
     }
 }
 
+/// Lets code ask `processor == "gfx950"`.
+impl PartialEq<&str> for Processor {
+    fn eq(&self, name: &&str) -> bool {
+        self.name() == *name
+    }
+}
+
 impl fmt::Display for Processor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -231,7 +239,7 @@ impl Serialize for Processor {
 
 /// An AMD target ID: a processor and how it sets each feature it supports. Features the
 /// processor does not support are always [`Feature::Any`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AmdTarget {
     processor: Processor,
     sramecc: Feature,
@@ -415,7 +423,10 @@ impl Serialize for SmArch {
 }
 
 /// The full target ID of a GPU, or of the code built for one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+///
+/// Target IDs order by vendor (AMD first), then by processor name and feature settings or by
+/// compute capability: a stable order for sorted collections, not a ranking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TargetId {
     /// `gfx942`, `gfx942:sramecc+:xnack-`, `gfx9-4-generic`.
     Amd(AmdTarget),
@@ -890,6 +901,23 @@ mod tests {
         );
         assert_eq!(target("sm_90").vendor(), Vendor::Nvidia);
         assert_eq!(target("gfx950").vendor(), Vendor::Amd);
+    }
+
+    #[test]
+    fn processors_compare_with_names() {
+        assert!(processor("gfx950") == "gfx950");
+        assert!(processor("gfx942") != "gfx950");
+    }
+
+    #[test]
+    fn target_ids_sort_stably() {
+        let mut targets = ["sm_90", "gfx942:xnack-", "sm_80", "gfx90a", "gfx942"].map(target);
+        targets.sort();
+        let sorted = targets.map(|target| target.to_string());
+        assert_eq!(
+            sorted,
+            ["gfx90a", "gfx942", "gfx942:xnack-", "sm_80", "sm_90"]
+        );
     }
 
     #[test]

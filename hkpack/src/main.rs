@@ -103,17 +103,17 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
             };
             let report = hkpack::build(&options)?;
             if !args.quiet {
-                println!("{report}");
+                emit(&format!("{report}\n"));
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Inspect { bundle, json } => {
             let rows = inspect::rows(&Bundle::open(&bundle)?);
-            if json {
-                println!("{}", to_json(&rows));
+            emit(&if json {
+                to_json(&rows)
             } else {
-                print!("{}", inspect::table(&rows));
-            }
+                inspect::table(&rows)
+            });
             Ok(ExitCode::SUCCESS)
         }
         Command::Explain {
@@ -122,11 +122,11 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
             json,
         } => {
             let explanation = Bundle::open(&bundle)?.explain(&target);
-            if json {
-                println!("{}", to_json(&explanation));
+            emit(&if json {
+                to_json(&explanation)
             } else {
-                print!("{explanation}");
-            }
+                explanation.to_string()
+            });
             if explanation.is_servable() {
                 Ok(ExitCode::SUCCESS)
             } else {
@@ -142,4 +142,11 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
 fn to_json(value: &impl serde::Serialize) -> String {
     serde_json::to_string_pretty(value)
         .expect("inspection and explanation values hold only strings and numbers")
+        + "\n"
+}
+
+/// Writes to stdout; a reader that went away (`hkpack inspect … | head`) is not an error.
+fn emit(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }

@@ -90,13 +90,13 @@ impl Toolchain {
     pub fn check_targets(&self, targets: &[TargetId]) -> Result<(), ToolchainError> {
         for target in targets {
             let (known, processor) = match target {
-                TargetId::Amd(amd) => (&self.amd_processors, amd.processor().to_owned()),
+                TargetId::Amd(amd) => (&self.amd_processors, amd.processor().name().to_owned()),
                 TargetId::Nvidia(_) => (&self.nvidia_archs, target.to_string()),
             };
             if !known.contains(&processor) {
                 return Err(ToolchainError::UnsupportedTarget {
                     compiler: format!("{} ({})", self.clang.display(), self.clang_version),
-                    target: target.clone(),
+                    target: *target,
                     processor,
                 });
             }
@@ -196,8 +196,8 @@ fn supported_cpus(clang: &Path, triple: &str) -> Result<Vec<String>, ToolchainEr
             path: clang.to_owned(),
             detail: e.to_string(),
         })?;
-    // clang prints the list after "Available CPUs for this target:", one per line; older
-    // versions print it on stderr, newer on stdout.
+    // clang prints the list after "Available CPUs for this target:" and a blank line, one
+    // per line, on stderr (older versions on stdout).
     let text = String::from_utf8_lossy(&output.stdout).into_owned()
         + &String::from_utf8_lossy(&output.stderr);
     Ok(text
@@ -205,6 +205,7 @@ fn supported_cpus(clang: &Path, triple: &str) -> Result<Vec<String>, ToolchainEr
         .skip_while(|l| !l.starts_with("Available CPUs"))
         .skip(1)
         .map(str::trim)
+        .skip_while(|l| l.is_empty())
         .take_while(|l| !l.is_empty())
         .map(str::to_owned)
         .collect())

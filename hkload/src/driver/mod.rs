@@ -9,8 +9,16 @@
 //! root ([`crate::Bundle`], [`crate::Kernel`], [`crate::DeviceBuffer`]) own them and release
 //! them on drop.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "hip")]
+pub mod hip;
 mod recording;
 
+#[cfg(feature = "cuda")]
+pub use cuda::CudaDriver;
+#[cfg(feature = "hip")]
+pub use hip::HipDriver;
 pub use recording::{Recorded, RecordingDriver};
 
 use crate::target::TargetId;

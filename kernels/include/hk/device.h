@@ -49,6 +49,18 @@
 #define HK_LAUNCH_BOUNDS(threads) __attribute__((launch_bounds(threads)))
 #endif
 
+// The same, plus how many such blocks must fit on one SM / CU at once: that caps registers per
+// thread (65536 / (threads * blocks) on NVIDIA), which for memory-bound kernels trades nothing
+// and keeps ptxas from choosing a smaller count with spills. (On AMD, 4 SIMDs per CU share the
+// blocks' waves; 512 VGPRs per SIMD lane.)
+#if HK_AMD
+#define HK_LAUNCH_BOUNDS_MIN_BLOCKS(threads, blocks)                    \
+  __attribute__((amdgpu_flat_work_group_size(1, threads),               \
+                 amdgpu_waves_per_eu((threads * blocks + 255) / 256)))
+#else
+#define HK_LAUNCH_BOUNDS_MIN_BLOCKS(threads, blocks) __attribute__((launch_bounds(threads, blocks)))
+#endif
+
 namespace hk {
 
 // ---- Wave size ------------------------------------------------------------------------------

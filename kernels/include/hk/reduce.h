@@ -1,6 +1,7 @@
-// hk/reduce.h: moving values between the lanes of a wave, and sums and maxima over a wave or a
-// whole block. Every function here must be reached by all threads of the wave (block for the
-// block_* ones) together, outside divergent branches.
+// hk/reduce.h: moving values between the lanes of a wave, and reductions (sum, max, min, or
+// any associative and commutative operation) over a group of lanes, a wave or a whole block.
+// Every function here must be reached by all threads of the wave (block for the block_* ones)
+// together, outside divergent branches.
 #pragma once
 
 #include "device.h"
@@ -9,55 +10,72 @@
 namespace hk {
 
 // ---- Shuffles -------------------------------------------------------------------------------
-// For any 4-byte type (float, int, unsigned).
+// For any type whose size is a multiple of 4 bytes (float, int, a struct of two floats): each
+// 4-byte word moves on its own.
+
+namespace detail {
+template <typename T> struct Words {
+  static_assert(sizeof(T) % 4 == 0, "shuffles move whole 4-byte words");
+  int w[sizeof(T) / 4];
+};
+
+// Applies move(word) to each 4-byte word of v.
+template <typename T, typename Move> HK_DEVICE T move_words(T v, Move move) {
+  auto words = __builtin_bit_cast(Words<T>, v);
+#pragma unroll
+  for (unsigned i = 0; i < sizeof(T) / 4; ++i) words.w[i] = move(words.w[i]);
+  return __builtin_bit_cast(T, words);
+}
+}  // namespace detail
 
 // The value of v in lane (lane_id() ^ mask), the butterfly step; mask < kWaveSize.
 template <typename T> HK_DEVICE T wave_shfl_xor(T v, unsigned mask) {
-  static_assert(sizeof(T) == 4, "shuffles move 4-byte values");
+  return detail::move_words(v, [mask](int w) {
 #if HK_AMD
-  const int bits = __builtin_amdgcn_ds_bpermute(static_cast<int>((lane_id() ^ mask) * 4),
-                                                __builtin_bit_cast(int, v));
+    return __builtin_amdgcn_ds_bpermute(static_cast<int>((lane_id() ^ mask) * 4), w);
 #else
-  const int bits = __nvvm_shfl_sync_bfly_i32(~0u, __builtin_bit_cast(int, v), mask, 0x1f);
+    return __nvvm_shfl_sync_bfly_i32(~0u, w, mask, 0x1f);
 #endif
-  return __builtin_bit_cast(T, bits);
+  });
 }
 
 // The value of v in lane `lane`, which must be the same for the whole wave.
 template <typename T> HK_DEVICE T wave_broadcast(T v, unsigned lane) {
-  static_assert(sizeof(T) == 4, "shuffles move 4-byte values");
+  return detail::move_words(v, [lane](int w) {
 #if HK_AMD
-  const int bits = __builtin_amdgcn_readlane(__builtin_bit_cast(int, v), lane);
+    return __builtin_amdgcn_readlane(w, lane);
 #else
-  const int bits = __nvvm_shfl_sync_idx_i32(~0u, __builtin_bit_cast(int, v), lane, 0x1f);
+    return __nvvm_shfl_sync_idx_i32(~0u, w, lane, 0x1f);
 #endif
-  return __builtin_bit_cast(T, bits);
+  });
 }
 
-// ---- Reductions -----------------------------------------------------------------------------
-// The operations, as types so that each block reduction gets its own shared scratch.
+// ---- Operations -----------------------------------------------------------------------------
+// A reduction operation is a type with `T operator()(T, T) const` (associative and commutative)
+// and `static T identity()`, the value that changes nothing. Each operation type gets its own
+// shared scratch in the block reductions.
 struct Sum {
   HK_DEVICE float operator()(float a, float b) const { return a + b; }
-  static constexpr float kIdentity = 0.0f;
+  HK_DEVICE static float identity() { return 0.0f; }
 };
 struct Max {
   HK_DEVICE float operator()(float a, float b) const { return max(a, b); }
-  static constexpr float kIdentity = -__builtin_inff();
+  HK_DEVICE static float identity() { return -__builtin_inff(); }
 };
 struct Min {
   HK_DEVICE float operator()(float a, float b) const { return min(a, b); }
-  static constexpr float kIdentity = __builtin_inff();
+  HK_DEVICE static float identity() { return __builtin_inff(); }
 };
 
+// ---- Lane groups and waves ------------------------------------------------------------------
 #if HK_AMD
 namespace detail {
 // v from another lane of the same row of 16 lanes, by a DPP pattern (no LDS traffic).
-template <int Pattern> HK_DEVICE float dpp(float v) {
-  return __builtin_bit_cast(
-      float, __builtin_amdgcn_update_dpp(0, __builtin_bit_cast(int, v), Pattern, 0xf, 0xf, false));
+template <int kPattern, typename T> HK_DEVICE T dpp(T v) {
+  return move_words(v, [](int w) { return __builtin_amdgcn_update_dpp(0, w, kPattern, 0xf, 0xf, false); });
 }
-inline constexpr int kDppSwapPairs = 0xb1;     // quad_perm [1,0,3,2]: lane ^ 1
-inline constexpr int kDppSwapHalves = 0x4e;    // quad_perm [2,3,0,1]: lane ^ 2
+inline constexpr int kDppSwapPairs = 0xb1;       // quad_perm [1,0,3,2]: lane ^ 1
+inline constexpr int kDppSwapHalves = 0x4e;      // quad_perm [2,3,0,1]: lane ^ 2
 inline constexpr int kDppHalfRowMirror = 0x141;  // lane 7 - i within each 8
 inline constexpr int kDppRowMirror = 0x140;      // lane 15 - i within each 16
 // ds_swizzle in bit mode: and-mask 0x1f, xor-mask 0x10, i.e. lane ^ 16 within each 32.
@@ -65,46 +83,84 @@ inline constexpr int kSwizzleXor16 = 0x1f | (0x10 << 10);
 }  // namespace detail
 #endif
 
-// op over v of every lane of the wave; every lane gets the result (bit-identical in all lanes).
-template <typename Op> HK_DEVICE float wave_reduce(float v, Op op) {
+// op over v of each aligned group of kLanes lanes (a power of two up to kWaveSize: lanes
+// 0..kLanes-1, then the next kLanes, ...); every lane gets its group's result, bit-identical
+// across the group.
+template <unsigned kLanes, typename T, typename Op> HK_DEVICE T lanes_reduce(T v, Op op) {
+  static_assert(kLanes >= 1 && kLanes <= kWaveSize && (kLanes & (kLanes - 1)) == 0,
+                "a lane group is a power of two no larger than a wave");
 #if HK_AMD
-  // After the two quad swaps each group of 4 holds one value; the mirrors then pair groups of 4
-  // and 8 (a mirror is not a xor, but it meets the partner group, which is all a reduction
-  // needs). Rows of 16 combine through a swizzle, and the two halves of the wave by reading
-  // lanes 0 and 32 directly.
-  v = op(v, detail::dpp<detail::kDppSwapPairs>(v));
-  v = op(v, detail::dpp<detail::kDppSwapHalves>(v));
-  v = op(v, detail::dpp<detail::kDppHalfRowMirror>(v));
-  v = op(v, detail::dpp<detail::kDppRowMirror>(v));
-  v = op(v, __builtin_bit_cast(float, __builtin_amdgcn_ds_swizzle(__builtin_bit_cast(int, v),
-                                                                   detail::kSwizzleXor16)));
-  return op(wave_broadcast(v, 0), wave_broadcast(v, 32));
+  // After the two quad swaps each group of 4 holds one value; the mirrors then meet the
+  // partner group of 4 and of 8 (a mirror is not a xor, but it pairs whole groups, which is
+  // all a reduction needs). 32-lane groups combine through a swizzle, and the two halves of the
+  // wave by reading lanes 0 and 32 directly.
+  if constexpr (kLanes >= 2) v = op(v, detail::dpp<detail::kDppSwapPairs>(v));
+  if constexpr (kLanes >= 4) v = op(v, detail::dpp<detail::kDppSwapHalves>(v));
+  if constexpr (kLanes >= 8) v = op(v, detail::dpp<detail::kDppHalfRowMirror>(v));
+  if constexpr (kLanes >= 16) v = op(v, detail::dpp<detail::kDppRowMirror>(v));
+  if constexpr (kLanes >= 32)
+    v = op(v, detail::move_words(v, [](int w) { return __builtin_amdgcn_ds_swizzle(w, detail::kSwizzleXor16); }));
+  if constexpr (kLanes >= 64) v = op(wave_broadcast(v, 0), wave_broadcast(v, 32));
 #else
-  for (unsigned mask = kWaveSize / 2; mask > 0; mask /= 2) v = op(v, wave_shfl_xor(v, mask));
-  return v;
+#pragma unroll
+  for (unsigned mask = kLanes / 2; mask > 0; mask /= 2) v = op(v, wave_shfl_xor(v, mask));
 #endif
+  return v;
+}
+
+// op over v of every lane of the wave; every lane gets the result.
+template <typename T, typename Op> HK_DEVICE T wave_reduce(T v, Op op) {
+  return lanes_reduce<kWaveSize>(v, op);
 }
 
 HK_DEVICE float wave_sum(float v) { return wave_reduce(v, Sum{}); }
 HK_DEVICE float wave_max(float v) { return wave_reduce(v, Max{}); }
 HK_DEVICE float wave_min(float v) { return wave_reduce(v, Min{}); }
 
-// op over v of every thread of a one-dimensional block whose size is a multiple of kWaveSize;
-// every thread gets the result. Costs two barriers; safe to call again right away.
-template <typename Op> HK_DEVICE float block_reduce(float v, Op op) {
-  __shared__ float partial[kMaxWaves];
+// ---- Blocks ---------------------------------------------------------------------------------
+// For one-dimensional blocks whose size is a multiple of kWaveSize; every thread gets the
+// result.
+
+namespace detail {
+// One block reduction through shared slot `slot` (0 or 1) of the scratch of (T, Op). One
+// barrier: the caller must not reuse a slot before another barrier has passed.
+template <typename T, typename Op> HK_DEVICE T block_reduce_in(T v, Op op, unsigned slot) {
+  __shared__ T partial[2][kMaxWaves];
   v = wave_reduce(v, op);
-  if (lane_id() == 0) partial[wave_id()] = v;
+  if (lane_id() == 0) partial[slot][wave_id()] = v;
   block_sync();
   // Every wave reduces the per-wave partials itself, which saves a broadcast round.
   const unsigned waves = block_dim_x() / kWaveSize;
-  v = wave_reduce(lane_id() < waves ? partial[lane_id()] : Op::kIdentity, op);
-  block_sync();  // the next call may overwrite `partial` only after everyone has read it
+  return wave_reduce(lane_id() < waves ? partial[slot][lane_id()] : Op::identity(), op);
+}
+}  // namespace detail
+
+// op over v of every thread of the block. Two barriers; safe to call again right away.
+template <typename T, typename Op> HK_DEVICE T block_reduce(T v, Op op) {
+  v = detail::block_reduce_in(v, op, 0);
+  block_sync();  // the next call may overwrite the scratch only after everyone has read it
   return v;
 }
 
 HK_DEVICE float block_sum(float v) { return block_reduce(v, Sum{}); }
 HK_DEVICE float block_max(float v) { return block_reduce(v, Max{}); }
 HK_DEVICE float block_min(float v) { return block_reduce(v, Min{}); }
+
+// Block reductions in a sequence at one barrier each (instead of two): consecutive calls
+// alternate between two scratch slots, so a slot is written again only after the barrier of
+// the call in between, which every thread reaches after reading it. Every thread of the block
+// must make the same sequence of calls on its own BlockReducer.
+class BlockReducer {
+ public:
+  template <typename T, typename Op> HK_DEVICE T reduce(T v, Op op) {
+    slot_ ^= 1;
+    return detail::block_reduce_in(v, op, slot_);
+  }
+  HK_DEVICE float sum(float v) { return reduce(v, Sum{}); }
+  HK_DEVICE float max(float v) { return reduce(v, Max{}); }
+
+ private:
+  unsigned slot_ = 0;
+};
 
 }  // namespace hk

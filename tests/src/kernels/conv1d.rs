@@ -24,15 +24,27 @@ pub struct ConvShape {
 /// `out[b, c, t] = Σ_k weight[c, k] · x[b, c, t − (width − 1) + k]`, with `x` taken as zero
 /// before `t = 0`; then, when `bias` is given, `silu(out + bias[c])`. The output stops at the
 /// first channel whose input, filter or bias the buffers do not hold.
-pub fn causal_conv1d(x: &[f64], weight: &[f64], bias: Option<&[f64]>, shape: ConvShape) -> Vec<f64> {
-    let ConvShape { batch, dim, seqlen, width } = shape;
+pub fn causal_conv1d(
+    x: &[f64],
+    weight: &[f64],
+    bias: Option<&[f64]>,
+    shape: ConvShape,
+) -> Vec<f64> {
+    let ConvShape {
+        batch,
+        dim,
+        seqlen,
+        width,
+    } = shape;
     let mut out = Vec::with_capacity(batch * dim * seqlen);
     if seqlen == 0 || width == 0 {
         return out;
     }
     for (row, signal) in x.chunks_exact(seqlen).take(batch * dim).enumerate() {
         let channel = row % dim;
-        let Some(filter) = weight.get(channel * width..(channel + 1) * width) else { break };
+        let Some(filter) = weight.get(channel * width..(channel + 1) * width) else {
+            break;
+        };
         let shift = match bias.map(|b| b.get(channel)) {
             None => None,
             Some(Some(&b)) => Some(b),
@@ -41,7 +53,9 @@ pub fn causal_conv1d(x: &[f64], weight: &[f64], bias: Option<&[f64]>, shape: Con
         for t in 0..seqlen {
             // Tap k reads x[t − (width − 1) + k]; taps before the start see zeros.
             let first_tap = (width - 1).saturating_sub(t);
-            let acc: f64 = (first_tap..width).map(|k| filter[k] * signal[t + k + 1 - width]).sum();
+            let acc: f64 = (first_tap..width)
+                .map(|k| filter[k] * signal[t + k + 1 - width])
+                .sum();
             out.push(shift.map_or(acc, |b| silu(acc + b)));
         }
     }
@@ -53,34 +67,44 @@ pub fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
 }
 
-/// Threads in a block; each thread computes [`OUTPUTS_PER_THREAD`] consecutive outputs of one
-/// channel, so a block covers [`TILE`] time steps.
+/// Threads in a block of either kernel.
 pub const BLOCK_THREADS: u32 = 128;
-/// Consecutive outputs one thread computes.
-pub const OUTPUTS_PER_THREAD: u32 = 8;
-/// Time steps one block covers.
-pub const TILE: u32 = BLOCK_THREADS * OUTPUTS_PER_THREAD;
 
-/// The launch of either kernel: grid `(batch · dim, ceil(seqlen / TILE))`, one block row per
-/// channel of one sequence.
-pub fn launch_dims(shape: ConvShape) -> LaunchDims {
-    LaunchDims {
-        grid: [(shape.batch * shape.dim) as u32, (shape.seqlen as u32).div_ceil(TILE), 1],
-        block: [BLOCK_THREADS, 1, 1],
-        shared_bytes: 0,
+/// Time steps one block covers: each thread computes 32 bytes of consecutive outputs of one
+/// channel (16 bf16/f16 values, 8 f32 ones).
+pub fn tile(ty: ScalarType) -> usize {
+    BLOCK_THREADS as usize * 32 / ty.size() as usize
+}
+
+/// The launch of either kernel in element type `ty`: one block per [`tile`] of time steps of
+/// each channel of each sequence (blocks stride over the tiles, so any grid is correct).
+pub fn launch_dims(shape: ConvShape, ty: ScalarType) -> LaunchDims {
+    let tiles = shape.batch * shape.dim * shape.seqlen.div_ceil(tile(ty));
+    LaunchDims::linear(tiles.max(1) as u32, BLOCK_THREADS)
+}
+
+const fn shape(batch: usize, dim: usize, seqlen: usize, width: usize) -> ConvShape {
+    ConvShape {
+        batch,
+        dim,
+        seqlen,
+        width,
     }
 }
 
+/// The unrolled widths 2 to 4 and the general path (1, 7, 33), sequences shorter than one
+/// thread's outputs, ragged ends, lengths that rule out 16-byte vectors (17, 33, 4099) and
+/// ones that cross block tiles of 2048 or 1024 steps (1030, 2051, 4099).
 const SHAPES: [ConvShape; 9] = [
-    ConvShape { batch: 1, dim: 1, seqlen: 1, width: 4 },
-    ConvShape { batch: 2, dim: 3, seqlen: 17, width: 4 },
-    ConvShape { batch: 1, dim: 4, seqlen: 1000, width: 3 },
-    ConvShape { batch: 2, dim: 8, seqlen: 2048, width: 4 },
-    ConvShape { batch: 1, dim: 2, seqlen: 4099, width: 2 },
-    ConvShape { batch: 2, dim: 4, seqlen: 1030, width: 4 },
-    ConvShape { batch: 3, dim: 5, seqlen: 33, width: 1 },
-    ConvShape { batch: 1, dim: 3, seqlen: 100, width: 7 },
-    ConvShape { batch: 1, dim: 2, seqlen: 2051, width: 33 },
+    shape(1, 1, 1, 4),
+    shape(2, 3, 17, 4),
+    shape(1, 4, 1000, 3),
+    shape(2, 8, 2048, 4),
+    shape(1, 2, 4099, 2),
+    shape(2, 4, 1030, 4),
+    shape(3, 5, 33, 1),
+    shape(1, 3, 100, 7),
+    shape(1, 2, 2051, 33),
 ];
 
 /// `(abs, rel)` tolerance: the kernels accumulate `width` products in f32 and round once to the
@@ -108,9 +132,16 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
 }
 
 fn case(with_bias_silu: bool, ty: ScalarType, shape: ConvShape, rng: &mut impl Rng) -> Case {
-    let ConvShape { batch, dim, seqlen, width } = shape;
+    let ConvShape {
+        batch,
+        dim,
+        seqlen,
+        width,
+    } = shape;
     let mut draw = |len: usize, scale: f64| -> Vec<f64> {
-        (0..len).map(|_| round_to(ty, scale * rng.random_range(-1.0..1.0))).collect()
+        (0..len)
+            .map(|_| round_to(ty, scale * rng.random_range(-1.0..1.0)))
+            .collect()
     };
     let x = draw(batch * dim * seqlen, 2.0);
     // Filter taps of the size trained models have, so that sums stay of order one.
@@ -119,22 +150,41 @@ fn case(with_bias_silu: bool, ty: ScalarType, shape: ConvShape, rng: &mut impl R
     let want = causal_conv1d(&x, &weight, bias.as_deref(), shape);
     let (abs, rel) = tolerance(ty);
     let mut args = vec![
-        CaseArg::Output { name: "out", elem: ty, len: want.len(), expect: Expect::Close { want, abs, rel } },
-        CaseArg::Input { name: "x", elem: ty, data: x },
-        CaseArg::Input { name: "weight", elem: ty, data: weight },
+        CaseArg::Output {
+            name: "out",
+            elem: ty,
+            len: want.len(),
+            expect: Expect::Close { want, abs, rel },
+        },
+        CaseArg::Input {
+            name: "x",
+            elem: ty,
+            data: x,
+        },
+        CaseArg::Input {
+            name: "weight",
+            elem: ty,
+            data: weight,
+        },
     ];
     if let Some(bias) = bias {
-        args.push(CaseArg::Input { name: "bias", elem: ty, data: bias });
+        args.push(CaseArg::Input {
+            name: "bias",
+            elem: ty,
+            data: bias,
+        });
     }
-    args.extend(
-        [batch, dim, seqlen, width].map(|n| CaseArg::Scalar(ScalarValue::U32(n as u32))),
-    );
-    let family = if with_bias_silu { "causal_conv1d_bias_silu" } else { "causal_conv1d" };
+    args.extend([batch, dim, seqlen, width].map(|n| CaseArg::Scalar(ScalarValue::U32(n as u32))));
+    let family = if with_bias_silu {
+        "causal_conv1d_bias_silu"
+    } else {
+        "causal_conv1d"
+    };
     Case {
         kernel: format!("{family}_{}", ty.name()),
         label: format!("batch={batch} dim={dim} seqlen={seqlen} width={width}"),
         args,
-        dims: launch_dims(shape),
+        dims: launch_dims(shape, ty),
     }
 }
 
@@ -147,7 +197,12 @@ mod tests {
     #[test]
     fn convolution_is_causal_with_zero_history() {
         // One channel, width 3, taps (w0, w1, w2) = (1, 10, 100): out[t] = x[t-2] + 10 x[t-1] + 100 x[t].
-        let shape = ConvShape { batch: 1, dim: 1, seqlen: 4, width: 3 };
+        let shape = ConvShape {
+            batch: 1,
+            dim: 1,
+            seqlen: 4,
+            width: 3,
+        };
         let got = causal_conv1d(&[1.0, 2.0, 3.0, 4.0], &[1.0, 10.0, 100.0], None, shape);
         assert_eq!(got, [100.0, 210.0, 321.0, 432.0]);
     }
@@ -155,7 +210,12 @@ mod tests {
     #[test]
     fn channels_use_their_own_filter_across_the_batch() {
         // Two sequences of two channels; channel 0 sums the last two steps, channel 1 doubles.
-        let shape = ConvShape { batch: 2, dim: 2, seqlen: 2, width: 2 };
+        let shape = ConvShape {
+            batch: 2,
+            dim: 2,
+            seqlen: 2,
+            width: 2,
+        };
         let x = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
         let got = causal_conv1d(&x, &[1.0, 1.0, 0.0, 2.0], None, shape);
         assert_eq!(got, [1.0, 3.0, 6.0, 8.0, 5.0, 11.0, 14.0, 16.0]);
@@ -163,7 +223,12 @@ mod tests {
 
     #[test]
     fn bias_and_silu_follow_the_sum() {
-        let shape = ConvShape { batch: 1, dim: 1, seqlen: 2, width: 1 };
+        let shape = ConvShape {
+            batch: 1,
+            dim: 1,
+            seqlen: 2,
+            width: 1,
+        };
         let got = causal_conv1d(&[1.0, -2.0], &[1.0], Some(&[1.0]), shape);
         let want = [2.0 / (1.0 + (-2f64).exp()), -1.0 / (1.0 + 1f64.exp())];
         assert_eq!(got, want);
@@ -173,12 +238,25 @@ mod tests {
 
     #[test]
     fn degenerate_shapes_and_short_buffers_give_short_output() {
-        let shape = ConvShape { batch: 1, dim: 1, seqlen: 3, width: 0 };
+        let shape = ConvShape {
+            batch: 1,
+            dim: 1,
+            seqlen: 3,
+            width: 0,
+        };
         assert!(causal_conv1d(&[1.0, 2.0, 3.0], &[], None, shape).is_empty());
         // Two channels declared, one filter given: only channel 0 is computed.
-        let shape = ConvShape { batch: 1, dim: 2, seqlen: 1, width: 1 };
+        let shape = ConvShape {
+            batch: 1,
+            dim: 2,
+            seqlen: 1,
+            width: 1,
+        };
         assert_eq!(causal_conv1d(&[3.0, 4.0], &[2.0], None, shape), [6.0]);
-        assert_eq!(causal_conv1d(&[3.0, 4.0], &[2.0, 1.0], Some(&[0.0]), shape).len(), 1);
+        assert_eq!(
+            causal_conv1d(&[3.0, 4.0], &[2.0, 1.0], Some(&[0.0]), shape).len(),
+            1
+        );
     }
 
     #[test]
@@ -191,8 +269,15 @@ mod tests {
             let Some(CaseArg::Output { len, .. }) = case.args.first() else {
                 panic!("{}: out comes first", case.kernel);
             };
-            let [rows, tiles, _] = case.dims.grid;
-            assert!(rows as usize * tiles as usize * TILE as usize >= *len, "{}", case.label);
+            let (Some(CaseArg::Input { elem, .. }), [tiles, 1, 1]) =
+                (case.args.get(1), case.dims.grid)
+            else {
+                panic!(
+                    "{}: x comes second and the grid is one-dimensional",
+                    case.kernel
+                );
+            };
+            assert!(tiles as usize * tile(*elem) >= *len, "{}", case.label);
         }
     }
 }

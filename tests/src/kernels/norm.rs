@@ -1,5 +1,385 @@
-//! (being written)
-use crate::case::Case;
-pub fn cases(_rng: &mut impl rand::Rng) -> Vec<Case> {
-    Vec::new()
+//! RMSNorm and LayerNorm, plain and fused with a residual add: the f64 reference and the cases
+//! of the kernels in `kernels/rmsnorm.hip` and `kernels/layernorm.hip`.
+//!
+//! Symbols (`T` in bf16, f16, f32), every tensor row-major `[rows, cols]`, normalized along
+//! `cols`:
+//! - `rmsnorm_T(out, x, weight, eps, rows, cols)`
+//! - `fused_add_rmsnorm_T(out, residual, x, weight, eps, rows, cols)`: `residual` becomes
+//!   `T(x + residual)` and `out` the RMSNorm of that stored sum.
+//! - `layernorm_T(out, x, weight, bias, eps, rows, cols)`
+//! - `fused_add_layernorm_T(out, residual, x, weight, bias, eps, rows, cols)`, likewise.
+//!
+//! Launch: [`launch_dims`], one block of [`BLOCK_THREADS`] per row.
+
+use hkload::abi::{ScalarType, ScalarValue};
+use hkload::driver::LaunchDims;
+use rand::Rng;
+
+use crate::case::{Case, CaseArg, Expect};
+use crate::host::round_to;
+
+/// Threads in a block of every norm kernel.
+pub const BLOCK_THREADS: u32 = 256;
+
+/// The launch the norm kernels are written for: one block per row. (They are correct with any
+/// grid; blocks stride over the rows.)
+pub fn launch_dims(rows: usize) -> LaunchDims {
+    LaunchDims::linear(rows.max(1) as u32, BLOCK_THREADS)
+}
+
+/// `x · weight / sqrt(mean(x²) + eps)` for one row.
+pub fn rmsnorm(x: &[f64], weight: &[f64], eps: f64) -> Vec<f64> {
+    let mean_sq = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    let scale = 1.0 / (mean_sq + eps).sqrt();
+    x.iter().zip(weight).map(|(v, w)| v * scale * w).collect()
+}
+
+/// `(x − mean) / sqrt(var + eps) · weight + bias` for one row, with the biased variance (the
+/// mean of the squared deviations), as PyTorch's `layer_norm` takes it.
+pub fn layernorm(x: &[f64], weight: &[f64], bias: &[f64], eps: f64) -> Vec<f64> {
+    let n = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / n;
+    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+    let rstd = 1.0 / (var + eps).sqrt();
+    x.iter()
+        .zip(weight)
+        .zip(bias)
+        .map(|((v, w), b)| (v - mean) * rstd * w + b)
+        .collect()
+}
+
+/// The residual a fused kernel stores: `x + residual` rounded to the element type.
+pub fn residual_add(ty: ScalarType, x: &[f64], residual: &[f64]) -> Vec<f64> {
+    x.iter()
+        .zip(residual)
+        .map(|(a, b)| round_to(ty, a + b))
+        .collect()
+}
+
+/// Which norm kernel a case runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormKind {
+    RmsNorm,
+    FusedAddRmsNorm,
+    LayerNorm,
+    FusedAddLayerNorm,
+}
+
+impl NormKind {
+    pub const ALL: [NormKind; 4] = [
+        Self::RmsNorm,
+        Self::FusedAddRmsNorm,
+        Self::LayerNorm,
+        Self::FusedAddLayerNorm,
+    ];
+
+    /// The symbol name without the dtype suffix.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::RmsNorm => "rmsnorm",
+            Self::FusedAddRmsNorm => "fused_add_rmsnorm",
+            Self::LayerNorm => "layernorm",
+            Self::FusedAddLayerNorm => "fused_add_layernorm",
+        }
+    }
+
+    fn fused(self) -> bool {
+        matches!(self, Self::FusedAddRmsNorm | Self::FusedAddLayerNorm)
+    }
+
+    fn has_bias(self) -> bool {
+        matches!(self, Self::LayerNorm | Self::FusedAddLayerNorm)
+    }
+}
+
+/// One shape to test. `scale` is the magnitude of the inputs: the small one makes `eps` matter,
+/// so a kernel that drops or misplaces it fails. `grid` overrides the launch's block count to
+/// test the kernels' grid stride over rows.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    rows: usize,
+    cols: usize,
+    scale: f64,
+    grid: Option<u32>,
+}
+
+const fn shape(rows: usize, cols: usize, scale: f64) -> Shape {
+    Shape {
+        rows,
+        cols,
+        scale,
+        grid: None,
+    }
+}
+
+/// Odd sizes take the kernels' element-by-element path; multiples of 8 their 16-byte vector
+/// path, from registers up to 4096 (f32) or 8192 (16-bit) columns and re-reading the row past
+/// that.
+const SHAPES: [Shape; 9] = [
+    shape(1, 1, 1.0),
+    shape(3, 17, 1.0),
+    shape(64, 128, 1.0),
+    shape(5, 128, 0.01),
+    shape(7, 1000, 1.0),
+    shape(3, 4099, 1.0),
+    shape(16, 8192, 1.0),
+    shape(2, 16384, 0.01),
+    Shape {
+        rows: 67,
+        cols: 512,
+        scale: 1.0,
+        grid: Some(8),
+    },
+];
+
+/// `(abs, rel)` tolerance of one output. The kernels work in f32 and round once to the element
+/// type: one ulp of the type covers that rounding even where the f32 value sits next to a
+/// rounding midpoint, and the abs term covers f16 subnormals and f32 noise in outputs near 0
+/// (LayerNorm's `normed · weight + bias` can cancel).
+pub fn tolerance(ty: ScalarType) -> (f64, f64) {
+    match ty {
+        ScalarType::Bf16 => (1e-5, 2f64.powi(-7)),
+        ScalarType::F16 => (1e-5, 2f64.powi(-10)),
+        _ => (1e-5, 1e-5),
+    }
+}
+
+/// Every norm symbol at every shape in [`SHAPES`], with fresh random inputs.
+pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for kind in NormKind::ALL {
+        for ty in [ScalarType::Bf16, ScalarType::F16, ScalarType::F32] {
+            for shape in SHAPES {
+                cases.push(case(kind, ty, shape, rng));
+            }
+        }
+    }
+    cases
+}
+
+/// `len` values uniform in `[-scale, scale)` (plus `offset`), rounded to `ty`.
+fn inputs(rng: &mut impl Rng, ty: ScalarType, len: usize, offset: f64, scale: f64) -> Vec<f64> {
+    (0..len)
+        .map(|_| round_to(ty, offset + scale * rng.random_range(-1.0..1.0)))
+        .collect()
+}
+
+fn case(kind: NormKind, ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Case {
+    let Shape {
+        rows,
+        cols,
+        scale,
+        grid,
+    } = shape;
+    let eps = if kind.has_bias() { 1e-5 } else { 1e-6 };
+    // Rows with a mean well away from 0 check that LayerNorm centres before squaring.
+    let offset = if kind.has_bias() { 3.0 * scale } else { 0.0 };
+    let x = inputs(rng, ty, rows * cols, offset, scale);
+    let weight = inputs(rng, ty, cols, 1.0, 0.5);
+    let bias = inputs(rng, ty, cols, 0.0, 0.5);
+    let residual = kind
+        .fused()
+        .then(|| inputs(rng, ty, rows * cols, 0.0, scale));
+    // The kernels normalize the residual sum as stored, rounded to the element type.
+    let normed_input = match &residual {
+        Some(res) => residual_add(ty, &x, res),
+        None => x.clone(),
+    };
+    let eps_f32 = eps as f32;
+    let want: Vec<f64> = normed_input
+        .chunks(cols)
+        .flat_map(|row| match kind.has_bias() {
+            true => layernorm(row, &weight, &bias, f64::from(eps_f32)),
+            false => rmsnorm(row, &weight, f64::from(eps_f32)),
+        })
+        .collect();
+    let (abs, rel) = tolerance(ty);
+    let mut args = vec![CaseArg::Output {
+        name: "out",
+        elem: ty,
+        len: want.len(),
+        expect: Expect::Close { want, abs, rel },
+    }];
+    if let Some(data) = residual {
+        let expect = Expect::Close {
+            want: normed_input,
+            abs,
+            rel,
+        };
+        args.push(CaseArg::InOut {
+            name: "residual",
+            elem: ty,
+            data,
+            expect,
+        });
+    }
+    args.push(CaseArg::Input {
+        name: "x",
+        elem: ty,
+        data: x,
+    });
+    args.push(CaseArg::Input {
+        name: "weight",
+        elem: ty,
+        data: weight,
+    });
+    if kind.has_bias() {
+        args.push(CaseArg::Input {
+            name: "bias",
+            elem: ty,
+            data: bias,
+        });
+    }
+    args.extend([
+        CaseArg::Scalar(ScalarValue::F32(eps_f32)),
+        CaseArg::Scalar(ScalarValue::U32(rows as u32)),
+        CaseArg::Scalar(ScalarValue::U32(cols as u32)),
+    ]);
+    let mut dims = launch_dims(rows);
+    if let Some(blocks) = grid {
+        dims.grid[0] = blocks;
+    }
+    Case {
+        kernel: format!("{}_{}", kind.name(), ty.name()),
+        label: format!(
+            "rows={rows} cols={cols} scale={scale} grid={}",
+            dims.grid[0]
+        ),
+        args,
+        dims,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    fn assert_close(got: &[f64], want: &[f64]) {
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-12, "got {got:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn rmsnorm_divides_by_the_root_mean_square() {
+        // mean(9, 16) = 12.5; with eps 0.5 the root is sqrt(13) exactly.
+        let s = 13f64.sqrt();
+        assert_close(&rmsnorm(&[3.0, 4.0], &[1.0, 2.0], 0.5), &[3.0 / s, 8.0 / s]);
+        assert_close(&rmsnorm(&[0.0], &[1.0], 0.25), &[0.0]);
+    }
+
+    #[test]
+    fn layernorm_centres_scales_and_shifts() {
+        // [1, 2, 3]: mean 2, biased var 2/3.
+        let r = (1.5f64).sqrt();
+        assert_close(
+            &layernorm(&[1.0, 2.0, 3.0], &[1.0; 3], &[0.0; 3], 0.0),
+            &[-r, 0.0, r],
+        );
+        assert_close(
+            &layernorm(&[5.0, 7.0], &[2.0, 1.0], &[0.5, -1.0], 0.0),
+            &[-1.5, 0.0],
+        );
+        // A constant row has no variance: eps alone scales (here 1 / sqrt(0.25) = 2).
+        assert_close(
+            &layernorm(&[4.0, 4.0], &[1.0, 1.0], &[1.0, 1.0], 0.25),
+            &[1.0, 1.0],
+        );
+    }
+
+    #[test]
+    fn residual_add_rounds_to_the_element_type() {
+        let sum = residual_add(ScalarType::Bf16, &[1.0, 256.0], &[2f64.powi(-9), 1.0]);
+        assert_eq!(sum, [1.0, 256.0], "both sums fall below half a bf16 ulp");
+        assert_eq!(
+            residual_add(ScalarType::F32, &[1.0], &[2f64.powi(-9)]),
+            [1.0 + 2f64.powi(-9)]
+        );
+    }
+
+    #[test]
+    fn cases_cover_every_symbol_with_consistent_arguments() {
+        let cases = cases(&mut StdRng::seed_from_u64(1));
+        assert_eq!(cases.len(), 4 * 3 * SHAPES.len());
+        for case in &cases {
+            let want_args = match case.kernel.split('_').next_back() {
+                Some("bf16" | "f16" | "f32") => {
+                    let fused = usize::from(case.kernel.starts_with("fused_add"));
+                    let bias = usize::from(case.kernel.contains("layernorm"));
+                    6 + fused + bias
+                }
+                _ => panic!("{}: no dtype suffix", case.kernel),
+            };
+            assert_eq!(case.args.len(), want_args, "{}", case.kernel);
+            assert_eq!(case.dims.block, [BLOCK_THREADS, 1, 1]);
+        }
+        let elements: usize = cases
+            .iter()
+            .flat_map(|c| &c.args)
+            .map(|a| match a {
+                CaseArg::Input { data, .. } | CaseArg::InOut { data, .. } => data.len(),
+                CaseArg::Output { len, .. } => *len,
+                CaseArg::Scalar(_) => 0,
+            })
+            .sum();
+        assert!(
+            elements < 10_000_000,
+            "{elements} elements is too many for a quick GPU run"
+        );
+    }
+
+    /// The case's own reference passes its checker, and an output off by what a missing `eps`
+    /// or a rounding error of the type's size would give fails it.
+    #[test]
+    fn cases_accept_their_reference_and_refuse_small_errors() {
+        let mut rng = StdRng::seed_from_u64(2);
+        for kind in NormKind::ALL {
+            for ty in [ScalarType::Bf16, ScalarType::F32] {
+                let case = case(kind, ty, SHAPES[3], &mut rng);
+                let mut outputs: Vec<Option<Vec<f64>>> = case
+                    .args
+                    .iter()
+                    .map(|a| match a {
+                        CaseArg::Output {
+                            expect: Expect::Close { want, .. },
+                            ..
+                        }
+                        | CaseArg::InOut {
+                            expect: Expect::Close { want, .. },
+                            ..
+                        } => Some(want.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                assert!(
+                    case.check(&outputs).is_ok(),
+                    "{} {}",
+                    case.kernel,
+                    case.label
+                );
+                let rel = tolerance(ty).1;
+                if let Some(out) = outputs[0].as_mut() {
+                    out.iter_mut().for_each(|v| *v *= 1.0 + 3.0 * rel);
+                }
+                assert!(
+                    case.check(&outputs).is_err(),
+                    "{} must refuse 3 ulp",
+                    case.kernel
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn eps_matters_in_the_small_input_shapes() {
+        // With inputs of magnitude 0.01, mean(x^2) is about 3e-5, so eps = 1e-5 moves the
+        // output by far more than the f32 tolerance.
+        let x = [0.01, -0.005, 0.0075];
+        let with = layernorm(&x, &[1.0; 3], &[0.0; 3], 1e-5);
+        let without = layernorm(&x, &[1.0; 3], &[0.0; 3], 0.0);
+        assert!((with[0] - without[0]).abs() > 100.0 * tolerance(ScalarType::F32).1);
+    }
 }

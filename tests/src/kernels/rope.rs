@@ -76,7 +76,14 @@ pub fn rope_tables(positions: usize, rot_dim: usize, base: f64) -> (Vec<f64>, Ve
     let angles = (0..positions).flat_map(|p| {
         (0..pairs).map(move |i| p as f64 * base.powf(-2.0 * i as f64 / rot_dim as f64))
     });
-    angles.map(|a| (round_to(ScalarType::F32, a.cos()), round_to(ScalarType::F32, a.sin()))).unzip()
+    angles
+        .map(|a| {
+            (
+                round_to(ScalarType::F32, a.cos()),
+                round_to(ScalarType::F32, a.sin()),
+            )
+        })
+        .unzip()
 }
 
 /// Rows (head vectors) a block of the `rope_*` kernels covers; the grid is
@@ -96,15 +103,29 @@ struct Shape {
     rot_dim: usize,
 }
 
+impl Shape {
+    const fn new(batch: usize, heads: usize, seq: usize, dim: usize, rot_dim: usize) -> Self {
+        Self {
+            batch,
+            heads,
+            seq,
+            dim,
+            rot_dim,
+        }
+    }
+}
+
+/// Odd and even sizes, rotation of part of a vector or none of it, and vectors that take the
+/// 16-byte path in every dtype (dim 64, 96, 128) or in none (dim 17, 4099).
 const SHAPES: [Shape; 8] = [
-    Shape { batch: 1, heads: 1, seq: 1, dim: 2, rot_dim: 2 },
-    Shape { batch: 2, heads: 3, seq: 5, dim: 17, rot_dim: 16 },
-    Shape { batch: 1, heads: 2, seq: 7, dim: 64, rot_dim: 64 },
-    Shape { batch: 2, heads: 4, seq: 33, dim: 128, rot_dim: 128 },
-    Shape { batch: 1, heads: 3, seq: 9, dim: 96, rot_dim: 32 },
-    Shape { batch: 1, heads: 1, seq: 3, dim: 4099, rot_dim: 4098 },
-    Shape { batch: 2, heads: 8, seq: 64, dim: 128, rot_dim: 64 },
-    Shape { batch: 1, heads: 2, seq: 3, dim: 5, rot_dim: 0 },
+    Shape::new(1, 1, 1, 2, 2),
+    Shape::new(2, 3, 5, 17, 16),
+    Shape::new(1, 2, 7, 64, 64),
+    Shape::new(2, 4, 33, 128, 128),
+    Shape::new(1, 3, 9, 96, 32),
+    Shape::new(1, 1, 3, 4099, 4098),
+    Shape::new(2, 8, 64, 128, 64),
+    Shape::new(1, 2, 3, 5, 0),
 ];
 
 /// `(abs, rel)` tolerance for one output element: the kernel computes in f32 and rounds once
@@ -133,8 +154,20 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
     cases
 }
 
-fn case(style: RopeStyle, layout: RopeLayout, ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Case {
-    let Shape { batch, heads, seq, dim, rot_dim } = shape;
+fn case(
+    style: RopeStyle,
+    layout: RopeLayout,
+    ty: ScalarType,
+    shape: Shape,
+    rng: &mut impl Rng,
+) -> Case {
+    let Shape {
+        batch,
+        heads,
+        seq,
+        dim,
+        rot_dim,
+    } = shape;
     let pairs = rot_dim / 2;
     // Per head vector, the position it is rotated by; for `thd` drawn at random (repeats and
     // jumps included) from a table a little longer than the token count.
@@ -142,14 +175,20 @@ fn case(style: RopeStyle, layout: RopeLayout, ty: ScalarType, shape: Shape, rng:
         RopeLayout::Bhsd => (batch * heads * seq, seq, Vec::new()),
         RopeLayout::Thd => {
             let rows = seq + 7;
-            (heads * seq, rows, (0..seq).map(|_| rng.random_range(0..rows)).collect())
+            (
+                heads * seq,
+                rows,
+                (0..seq).map(|_| rng.random_range(0..rows)).collect(),
+            )
         }
     };
     let position_of = |v: usize| match layout {
         RopeLayout::Bhsd => v % seq,
         RopeLayout::Thd => token_positions[v / heads],
     };
-    let x: Vec<f64> = (0..vectors * dim).map(|_| round_to(ty, rng.random_range(-2.0..2.0))).collect();
+    let x: Vec<f64> = (0..vectors * dim)
+        .map(|_| round_to(ty, rng.random_range(-2.0..2.0)))
+        .collect();
     let (cos, sin) = rope_tables(table_rows, rot_dim, 10_000.0);
     let want: Vec<f64> = x
         .chunks(dim)
@@ -161,10 +200,27 @@ fn case(style: RopeStyle, layout: RopeLayout, ty: ScalarType, shape: Shape, rng:
         .collect();
     let (abs, rel) = tolerance(ty);
     let mut args = vec![
-        CaseArg::Output { name: "out", elem: ty, len: want.len(), expect: Expect::Close { want, abs, rel } },
-        CaseArg::Input { name: "x", elem: ty, data: x },
-        CaseArg::Input { name: "cos", elem: ScalarType::F32, data: cos },
-        CaseArg::Input { name: "sin", elem: ScalarType::F32, data: sin },
+        CaseArg::Output {
+            name: "out",
+            elem: ty,
+            len: want.len(),
+            expect: Expect::Close { want, abs, rel },
+        },
+        CaseArg::Input {
+            name: "x",
+            elem: ty,
+            data: x,
+        },
+        CaseArg::Input {
+            name: "cos",
+            elem: ScalarType::F32,
+            data: cos,
+        },
+        CaseArg::Input {
+            name: "sin",
+            elem: ScalarType::F32,
+            data: sin,
+        },
     ];
     let u32_arg = |n: usize| CaseArg::Scalar(ScalarValue::U32(n as u32));
     let label = match layout {
@@ -174,7 +230,11 @@ fn case(style: RopeStyle, layout: RopeLayout, ty: ScalarType, shape: Shape, rng:
         }
         RopeLayout::Thd => {
             let positions = token_positions.iter().map(|&p| p as f64).collect();
-            args.push(CaseArg::Input { name: "positions", elem: ScalarType::I32, data: positions });
+            args.push(CaseArg::Input {
+                name: "positions",
+                elem: ScalarType::I32,
+                data: positions,
+            });
             args.extend([u32_arg(seq), u32_arg(heads)]);
             format!("tokens={seq} heads={heads} dim={dim} rot_dim={rot_dim}")
         }
@@ -207,21 +267,41 @@ mod tests {
     fn rotation_by_an_angle_and_tail_copy() {
         // 60 degrees on (a, b) = (2, 1); the fifth element is past rot_dim and copied.
         let (c, s) = (0.5, 3f64.sqrt() / 2.0);
-        let got = rope(RopeStyle::NeoX, &[2.0, 0.0, 1.0, 0.0, 7.0], &[c, 1.0], &[s, 0.0]);
+        let got = rope(
+            RopeStyle::NeoX,
+            &[2.0, 0.0, 1.0, 0.0, 7.0],
+            &[c, 1.0],
+            &[s, 0.0],
+        );
         let want = [2.0 * c - s, 0.0, c + 2.0 * s, 0.0, 7.0];
         for (g, w) in got.iter().zip(want) {
             assert!((g - w).abs() < 1e-15, "{got:?}");
         }
-        assert_eq!(rope(RopeStyle::GptJ, &[1.0, 2.0, 3.0], &[], &[]), [1.0, 2.0, 3.0]);
+        assert_eq!(
+            rope(RopeStyle::GptJ, &[1.0, 2.0, 3.0], &[], &[]),
+            [1.0, 2.0, 3.0]
+        );
     }
 
     #[test]
     fn tables_hold_unit_vectors_of_growing_angle() {
         let (cos, sin) = rope_tables(3, 4, 10_000.0);
         assert_eq!(cos.len(), 6);
-        assert_eq!((cos[0], sin[0], cos[1], sin[1]), (1.0, 0.0, 1.0, 0.0), "position 0");
-        assert_eq!(sin[2], round_to(ScalarType::F32, 1f64.sin()), "position 1, pair 0");
-        assert_eq!(sin[3], round_to(ScalarType::F32, 0.01f64.sin()), "position 1, pair 1");
+        assert_eq!(
+            (cos[0], sin[0], cos[1], sin[1]),
+            (1.0, 0.0, 1.0, 0.0),
+            "position 0"
+        );
+        assert_eq!(
+            sin[2],
+            round_to(ScalarType::F32, 1f64.sin()),
+            "position 1, pair 0"
+        );
+        assert_eq!(
+            sin[3],
+            round_to(ScalarType::F32, 0.01f64.sin()),
+            "position 1, pair 1"
+        );
         for (c, s) in cos.iter().zip(&sin) {
             assert!((c * c + s * s - 1.0).abs() < 1e-6);
         }
@@ -248,15 +328,27 @@ mod tests {
 
     #[test]
     fn a_case_accepts_its_reference_and_refuses_an_f32_error() {
-        let case = case(RopeStyle::GptJ, RopeLayout::Thd, ScalarType::F32, SHAPES[1], &mut StdRng::seed_from_u64(2));
+        let case = case(
+            RopeStyle::GptJ,
+            RopeLayout::Thd,
+            ScalarType::F32,
+            SHAPES[1],
+            &mut StdRng::seed_from_u64(2),
+        );
         let want = match &case.args[0] {
-            CaseArg::Output { expect: Expect::Close { want, .. }, .. } => want.clone(),
+            CaseArg::Output {
+                expect: Expect::Close { want, .. },
+                ..
+            } => want.clone(),
             _ => unreachable!(),
         };
         let mut outputs = vec![None; case.args.len()];
         outputs[0] = Some(want.clone());
         assert!(case.check(&outputs).is_ok());
         outputs[0] = Some(want.iter().map(|w| w + 1e-3).collect());
-        assert!(case.check(&outputs).is_err(), "an f32 output off by 1e-3 must fail");
+        assert!(
+            case.check(&outputs).is_err(),
+            "an f32 output off by 1e-3 must fail"
+        );
     }
 }

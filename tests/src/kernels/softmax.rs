@@ -1,5 +1,203 @@
-//! (being written)
-use crate::case::Case;
-pub fn cases(_rng: &mut impl rand::Rng) -> Vec<Case> {
-    Vec::new()
+//! Softmax over the last dimension: the f64 reference and the cases of the kernels in
+//! `kernels/softmax.hip`.
+//!
+//! Symbols: `softmax_{bf16,f16,f32}(out, x, rows, cols)`, both tensors row-major
+//! `[rows, cols]`, `out[r, i] = exp(x[r, i]) / Σ_j exp(x[r, j])`.
+//!
+//! Launch: [`launch_dims`], one block of [`BLOCK_THREADS`] per row.
+
+use hkload::abi::{ScalarType, ScalarValue};
+use hkload::driver::LaunchDims;
+use rand::Rng;
+
+use crate::case::{Case, CaseArg, Expect};
+use crate::host::round_to;
+
+/// Threads in a block of the softmax kernels.
+pub const BLOCK_THREADS: u32 = 256;
+
+/// The launch the softmax kernels are written for: one block per row. (They are correct with
+/// any grid; blocks stride over the rows.)
+pub fn launch_dims(rows: usize) -> LaunchDims {
+    LaunchDims::linear(rows.max(1) as u32, BLOCK_THREADS)
+}
+
+/// The softmax of one row, computed after subtracting the row's maximum so that no exp
+/// overflows.
+pub fn softmax(x: &[f64]) -> Vec<f64> {
+    let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let exps: Vec<f64> = x.iter().map(|v| (v - max).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    exps.iter().map(|e| e / sum).collect()
+}
+
+/// `(abs, rel)` tolerance of one output. The kernels sum up to `cols / 256` exps per thread in
+/// f32 before the block reduction; with exp's own error that stays below 1e-5 relative for
+/// the sizes here (rows of 100 000). One ulp covers the final rounding of bf16 and f16; the abs
+/// term covers f16 subnormals (probabilities below 6e-5) and exps that flush to 0.
+pub fn tolerance(ty: ScalarType) -> (f64, f64) {
+    match ty {
+        ScalarType::Bf16 => (1e-9, 2f64.powi(-7)),
+        ScalarType::F16 => (1e-7, 2f64.powi(-10)),
+        _ => (1e-9, 2e-5),
+    }
+}
+
+/// One shape: inputs uniform in `[-range, range)`; `masked` sets every third element to −inf
+/// (an attention mask), which must come out as exactly 0.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    rows: usize,
+    cols: usize,
+    range: f64,
+    masked: bool,
+    grid: Option<u32>,
+}
+
+const fn shape(rows: usize, cols: usize, range: f64) -> Shape {
+    Shape {
+        rows,
+        cols,
+        range,
+        masked: false,
+        grid: None,
+    }
+}
+
+/// Odd sizes take the element-by-element path; multiples of 8 the vector path, from registers
+/// up to 4096 (f32) or 8192 (16-bit) columns and re-reading the row past that.
+const SHAPES: [Shape; 10] = [
+    shape(1, 1, 1.0),
+    shape(3, 17, 4.0),
+    shape(64, 128, 8.0),
+    shape(7, 1000, 8.0),
+    shape(3, 4099, 8.0),
+    shape(16, 8192, 8.0),
+    shape(2, 65536, 8.0),
+    shape(1, 100_000, 20.0),
+    Shape {
+        rows: 5,
+        cols: 2048,
+        range: 8.0,
+        masked: true,
+        grid: None,
+    },
+    Shape {
+        rows: 40,
+        cols: 520,
+        range: 8.0,
+        masked: false,
+        grid: Some(6),
+    },
+];
+
+/// Every softmax symbol at every shape in [`SHAPES`], with fresh random inputs.
+pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for ty in [ScalarType::Bf16, ScalarType::F16, ScalarType::F32] {
+        for shape in SHAPES {
+            cases.push(case(ty, shape, rng));
+        }
+    }
+    cases
+}
+
+fn case(ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Case {
+    let Shape {
+        rows,
+        cols,
+        range,
+        masked,
+        grid,
+    } = shape;
+    let x: Vec<f64> = (0..rows * cols)
+        .map(|i| match masked && i % 3 == 1 {
+            true => f64::NEG_INFINITY,
+            false => round_to(ty, range * rng.random_range(-1.0..1.0)),
+        })
+        .collect();
+    let want: Vec<f64> = x.chunks(cols).flat_map(softmax).collect();
+    let (abs, rel) = tolerance(ty);
+    let mut dims = launch_dims(rows);
+    if let Some(blocks) = grid {
+        dims.grid[0] = blocks;
+    }
+    Case {
+        kernel: format!("softmax_{}", ty.name()),
+        label: format!(
+            "rows={rows} cols={cols} range={range} masked={masked} grid={}",
+            dims.grid[0]
+        ),
+        args: vec![
+            CaseArg::Output {
+                name: "out",
+                elem: ty,
+                len: want.len(),
+                expect: Expect::Close { want, abs, rel },
+            },
+            CaseArg::Input {
+                name: "x",
+                elem: ty,
+                data: x,
+            },
+            CaseArg::Scalar(ScalarValue::U32(rows as u32)),
+            CaseArg::Scalar(ScalarValue::U32(cols as u32)),
+        ],
+        dims,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    #[test]
+    fn softmax_of_hand_computed_rows() {
+        let got = softmax(&[0.0, 3f64.ln()]);
+        assert!(
+            (got[0] - 0.25).abs() < 1e-15 && (got[1] - 0.75).abs() < 1e-15,
+            "{got:?}"
+        );
+        assert_eq!(softmax(&[5.0]), [1.0]);
+        // Large inputs do not overflow: only differences matter.
+        assert_eq!(softmax(&[1000.0, 1000.0]), [0.5, 0.5]);
+        // A masked element gets exactly 0.
+        assert_eq!(softmax(&[f64::NEG_INFINITY, 2.0]), [0.0, 1.0]);
+    }
+
+    #[test]
+    fn rows_sum_to_one() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let x: Vec<f64> = (0..1000).map(|_| rng.random_range(-30.0..30.0)).collect();
+        let sum: f64 = softmax(&x).iter().sum();
+        assert!((sum - 1.0).abs() < 1e-12, "{sum}");
+    }
+
+    #[test]
+    fn cases_accept_their_reference_and_refuse_a_few_ulp() {
+        let cases = cases(&mut StdRng::seed_from_u64(6));
+        assert_eq!(cases.len(), 3 * SHAPES.len());
+        for case in &cases {
+            let Some(CaseArg::Output {
+                expect: Expect::Close { want, rel, .. },
+                ..
+            }) = case.args.first()
+            else {
+                panic!("{}: out comes first", case.kernel);
+            };
+            assert!(
+                case.check(&[Some(want.clone()), None, None, None]).is_ok(),
+                "{}",
+                case.label
+            );
+            let off = want.iter().map(|w| w * (1.0 + 3.0 * rel)).collect();
+            assert!(
+                case.check(&[Some(off), None, None, None]).is_err(),
+                "{}",
+                case.label
+            );
+        }
+    }
 }

@@ -21,16 +21,19 @@ pub const MAX_K: usize = 128;
 /// Threads in a block of the `topk_*` kernels.
 pub const BLOCK_THREADS: u32 = 256;
 
-/// Values a lane holds in registers: rows of at most `ITEMS_PER_LANE · wave size` values are
-/// handled by one wave each, longer rows by one block each.
-pub const ITEMS_PER_LANE: usize = 32;
+/// The longest row one wave handles, holding it in registers; longer rows get a block each.
+pub const ROW_IN_WAVE: usize = 1024;
 
 /// The launch for `rows` rows of `n` values on a GPU with `wave_size` lanes per wave (32 on
 /// NVIDIA, 64 on AMD): short rows go one per wave, so a block takes `256 / wave_size` of them;
 /// long rows go one per block. Rows are strided over the grid, so any grid is correct; this one
 /// gives each wave or block one row.
 pub fn launch_dims(rows: usize, n: usize, wave_size: usize) -> LaunchDims {
-    let rows_per_block = if n <= ITEMS_PER_LANE * wave_size { BLOCK_THREADS as usize / wave_size } else { 1 };
+    let rows_per_block = if n <= ROW_IN_WAVE {
+        BLOCK_THREADS as usize / wave_size
+    } else {
+        1
+    };
     LaunchDims::linear(rows.div_ceil(rows_per_block).max(1) as u32, BLOCK_THREADS)
 }
 
@@ -55,12 +58,15 @@ enum Values {
     Spread,
     /// Whole numbers from -8 to 8: ties everywhere, also at the k-th value.
     Ties,
-    /// Attention-style masking: most values -inf, the odd +inf, the rest spread; `k` may
-    /// reach into the -inf values.
+    /// Attention-style masking: nearly all values -inf, the odd +inf, the rest spread, so
+    /// that a large enough `k` reaches into the -inf values.
     Masked,
 }
 
-const SHAPES: [(usize, usize, usize, Values); 13] = [
+/// `(rows, n, k, values)`: rows for one wave (n up to 1024) and for one block, ragged and
+/// 16-byte-aligned lengths, k from 1 to [`MAX_K`] and k = n, ties at the k-th value, and k
+/// beyond the finite values (n = 333 and 1500 hold about 13 and 60 of them).
+const SHAPES: [(usize, usize, usize, Values); 14] = [
     (1, 1, 1, Values::Spread),
     (3, 17, 5, Values::Spread),
     (4, 64, 64, Values::Spread),
@@ -71,6 +77,7 @@ const SHAPES: [(usize, usize, usize, Values); 13] = [
     (5, 1025, 7, Values::Ties),
     (7, 2048, 1, Values::Spread),
     (2, 3000, 128, Values::Spread),
+    (3, 1500, 100, Values::Masked),
     (2, 4099, 64, Values::Masked),
     (3, 65536, 50, Values::Spread),
     (1, 70001, 128, Values::Ties),
@@ -94,28 +101,55 @@ fn draw(values: Values, rng: &mut impl Rng) -> f64 {
         Values::Ties => f64::from(rng.random_range(-8i8..=8)),
         Values::Masked => match rng.random_range(0..100) {
             0 => f64::INFINITY,
-            1..70 => f64::NEG_INFINITY,
+            1..97 => f64::NEG_INFINITY,
             _ => rng.random_range(-4.0..4.0),
         },
     }
 }
 
-fn case(ty: ScalarType, rows: usize, n: usize, k: usize, values: Values, rng: &mut impl Rng) -> Case {
-    let input: Vec<f64> = (0..rows * n).map(|_| round_to(ty, draw(values, rng))).collect();
-    let want: Vec<f64> = input.chunks(n).flat_map(|row| topk(row, k)).map(|(v, _)| v).collect();
+fn case(
+    ty: ScalarType,
+    rows: usize,
+    n: usize,
+    k: usize,
+    values: Values,
+    rng: &mut impl Rng,
+) -> Case {
+    let input: Vec<f64> = (0..rows * n)
+        .map(|_| round_to(ty, draw(values, rng)))
+        .collect();
+    let want: Vec<f64> = input
+        .chunks(n)
+        .flat_map(|row| topk(row, k))
+        .map(|(v, _)| v)
+        .collect();
     let u32_arg = |n: usize| CaseArg::Scalar(ScalarValue::U32(n as u32));
     Case {
         kernel: format!("topk_{}", ty.name()),
         label: format!("rows={rows} n={n} k={k} values={values:?}"),
         args: vec![
-            CaseArg::Output { name: "values", elem: ty, len: rows * k, expect: Expect::Exact(want) },
+            CaseArg::Output {
+                name: "values",
+                elem: ty,
+                len: rows * k,
+                expect: Expect::Exact(want),
+            },
             CaseArg::Output {
                 name: "indices",
                 elem: ScalarType::I32,
                 len: rows * k,
-                expect: Expect::TopKIndices { input: input.clone(), row_len: n, k, values_arg: 0 },
+                expect: Expect::TopKIndices {
+                    input: input.clone(),
+                    row_len: n,
+                    k,
+                    values_arg: 0,
+                },
             },
-            CaseArg::Input { name: "x", elem: ty, data: input },
+            CaseArg::Input {
+                name: "x",
+                elem: ty,
+                data: input,
+            },
             u32_arg(rows),
             u32_arg(n),
             u32_arg(k),
@@ -140,7 +174,15 @@ mod tests {
 
     #[test]
     fn nan_ranks_first_and_ties_keep_index_order() {
-        let row = [1.0, f64::NAN, f64::INFINITY, 1.0, f64::NEG_INFINITY, -0.0, 0.0];
+        let row = [
+            1.0,
+            f64::NAN,
+            f64::INFINITY,
+            1.0,
+            f64::NEG_INFINITY,
+            -0.0,
+            0.0,
+        ];
         let got = topk(&row, 7);
         assert!(got[0].0.is_nan() && got[0].1 == 1);
         let rest: Vec<_> = got[1..].iter().map(|&(_, i)| i).collect();
@@ -151,8 +193,12 @@ mod tests {
     fn launch_puts_short_rows_on_waves_and_long_rows_on_blocks() {
         assert_eq!(launch_dims(64, 1024, 32).grid, [8, 1, 1]);
         assert_eq!(launch_dims(64, 1025, 32).grid, [64, 1, 1]);
-        assert_eq!(launch_dims(64, 2048, 64).grid, [16, 1, 1]);
-        assert_eq!(launch_dims(0, 5, 32).grid, [1, 1, 1], "a grid is never empty");
+        assert_eq!(launch_dims(64, 1024, 64).grid, [16, 1, 1]);
+        assert_eq!(
+            launch_dims(0, 5, 32).grid,
+            [1, 1, 1],
+            "a grid is never empty"
+        );
     }
 
     #[test]
@@ -160,8 +206,13 @@ mod tests {
         let cases = cases(&mut StdRng::seed_from_u64(4));
         assert_eq!(cases.len(), 3 * SHAPES.len());
         for case in &cases {
-            let (CaseArg::Output { expect: Expect::Exact(values), .. }, CaseArg::Input { data, .. }) =
-                (&case.args[0], &case.args[2])
+            let (
+                CaseArg::Output {
+                    expect: Expect::Exact(values),
+                    ..
+                },
+                CaseArg::Input { data, .. },
+            ) = (&case.args[0], &case.args[2])
             else {
                 panic!("{}: values, indices, x come first", case.kernel);
             };
@@ -173,9 +224,19 @@ mod tests {
             };
             assert!(k <= MAX_K && k <= n, "{}", case.label);
             // The reference's own indices satisfy the index check; a repeated index does not.
-            let indices: Vec<f64> =
-                data.chunks(n).flat_map(|row| topk(row, k)).map(|(_, i)| i as f64).collect();
-            let outputs = [Some(values.clone()), Some(indices.clone()), None, None, None, None];
+            let indices: Vec<f64> = data
+                .chunks(n)
+                .flat_map(|row| topk(row, k))
+                .map(|(_, i)| i as f64)
+                .collect();
+            let outputs = [
+                Some(values.clone()),
+                Some(indices.clone()),
+                None,
+                None,
+                None,
+                None,
+            ];
             assert!(case.check(&outputs).is_ok(), "{}", case.label);
             if k > 1 {
                 let mut repeated = indices;

@@ -1,0 +1,167 @@
+//! Fixtures shared by the end-to-end tests: the repository's own kernels built by the real
+//! hkpack with the real compiler, and small synthetic packages for the error paths.
+
+#![allow(dead_code)] // Each test binary uses its own subset of these fixtures.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use hkpack::toolchain::ToolPaths;
+use hkpack::{BuildOptions, BuildReport};
+
+/// The repository root (the workspace folder).
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+}
+
+/// Build cache shared by every test binary, so the repository's kernels compile once per
+/// `cargo test` run.
+pub fn shared_cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("hkpack-cache")
+}
+
+pub fn options(manifests: &Path, out: &Path, cache: &Path) -> BuildOptions {
+    BuildOptions {
+        manifests: manifests.to_owned(),
+        targets: None,
+        jobs: 2,
+        out_dir: out.to_owned(),
+        cache_dir: cache.to_owned(),
+        compress: true,
+        tools: ToolPaths::default(),
+        progress: false,
+    }
+}
+
+/// The repository's kernels built once per test binary into a private folder, compressed
+/// and plain: `(compressed bundle folder, plain bundle folder)`.
+pub fn repo_bundles() -> &'static (PathBuf, PathBuf) {
+    static BUNDLES: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    BUNDLES.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "bundles-{}",
+            std::process::id()
+        ));
+        let manifests = repo().join("manifests");
+        let compressed = build_ok(&options(&manifests, &out.join("ccob"), &shared_cache()));
+        let mut plain_options = options(&manifests, &out.join("plain"), &shared_cache());
+        plain_options.compress = false;
+        let plain = build_ok(&plain_options);
+        (compressed.bundle, plain.bundle)
+    })
+}
+
+pub fn build_ok(options: &BuildOptions) -> BuildReport {
+    match hkpack::build(options) {
+        Ok(report) => report,
+        Err(e) => panic!("hkpack build failed:\n{e}"),
+    }
+}
+
+/// An LLVM tool from the toolchain the build uses (Debian's llvm-22).
+pub fn llvm_tool(name: &str) -> PathBuf {
+    let path = Path::new("/usr/lib/llvm-22/bin").join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/setup to install llvm-22",
+        path.display()
+    );
+    path
+}
+
+/// A small package in a temporary folder: `package.toml` with the given targets and one
+/// module per `(name, source, manifest body)`.
+pub struct TempPackage {
+    pub root: tempfile::TempDir,
+}
+
+impl TempPackage {
+    pub fn new(targets: &[&str], modules: &[(&str, &str, &str)]) -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let manifests = root.path().join("manifests");
+        let kernels = root.path().join("kernels");
+        std::fs::create_dir_all(&manifests).unwrap();
+        std::fs::create_dir_all(kernels.join("include")).unwrap();
+        std::fs::write(kernels.join("include/mini.h"), MINI_HEADER).unwrap();
+        let targets: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
+        std::fs::write(
+            manifests.join("package.toml"),
+            format!(
+                "[package]\nname = \"mini\"\nversion = \"0.1.0\"\ntargets = [{}]\n\
+                 amd_code_object_version = 5\ninclude_dirs = [\"../kernels/include\"]\n",
+                targets.join(", ")
+            ),
+        )
+        .unwrap();
+        for (name, source, manifest) in modules {
+            std::fs::write(kernels.join(format!("{name}.hip")), source).unwrap();
+            std::fs::write(manifests.join(format!("{name}.toml")), manifest).unwrap();
+        }
+        Self { root }
+    }
+
+    pub fn manifests(&self) -> PathBuf {
+        self.root.path().join("manifests")
+    }
+
+    pub fn path(&self, relative: &str) -> PathBuf {
+        self.root.path().join(relative)
+    }
+
+    pub fn options(&self) -> BuildOptions {
+        options(
+            &self.manifests(),
+            &self.path("dist"),
+            &self.path("cache"),
+        )
+    }
+}
+
+/// Just enough of a device header for the synthetic kernels.
+const MINI_HEADER: &str = r#"
+#pragma once
+#define KERNEL extern "C" __attribute__((global))
+#if defined(__AMDGCN__)
+#define THREAD_X() __builtin_amdgcn_workitem_id_x()
+#else
+#define THREAD_X() __nvvm_read_ptx_sreg_tid_x()
+#endif
+"#;
+
+/// `scale`: out[i] = x[i] * a, in f32.
+pub const SCALE_SOURCE: &str = r#"
+#include "mini.h"
+KERNEL void scale(float* out, const float* x, float a, unsigned n) {
+    unsigned i = THREAD_X();
+    if (i < n) out[i] = x[i] * a;
+}
+"#;
+
+pub const SCALE_MANIFEST: &str = r#"
+[module]
+name = "scale"
+source = "../kernels/scale.hip"
+
+[[kernel]]
+symbol = "scale"
+args = ["out: *mut f32", "x: *const f32", "a: f32", "n: u32"]
+"#;
+
+/// `offset`: out[i] = x[i] + b, in f32.
+pub const OFFSET_SOURCE: &str = r#"
+#include "mini.h"
+KERNEL void offset(float* out, const float* x, float b, unsigned n) {
+    unsigned i = THREAD_X();
+    if (i < n) out[i] = x[i] + b;
+}
+"#;
+
+pub const OFFSET_MANIFEST: &str = r#"
+[module]
+name = "offset"
+source = "../kernels/offset.hip"
+
+[[kernel]]
+symbol = "offset"
+args = ["out: *mut f32", "x: *const f32", "b: f32", "n: u32"]
+"#;

@@ -1,0 +1,335 @@
+//! hkload end to end against real bundles built by hkpack: code-object selection for simulated
+//! devices, damaged bundles, checked and packed launches for every kernel, lazy loading.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use hkload::abi::{ParamType, ScalarType, ScalarValue};
+use hkload::driver::{ImageKind, LaunchDims, Recorded, RecordingDriver, StreamHandle};
+use hkload::target::TargetId;
+use hkload::{Arg, Bundle, Device, Error, LaunchError, OpenOptions};
+
+fn target(id: &str) -> TargetId {
+    id.parse().unwrap()
+}
+
+/// A simulated device of `target` and the driver recording what happens to it.
+fn simulated(id: &str) -> (Arc<RecordingDriver>, Device) {
+    let driver = Arc::new(RecordingDriver::new([target(id)]));
+    let device = Device::new(driver.clone(), 0).unwrap();
+    (driver, device)
+}
+
+#[test]
+fn each_device_gets_the_entry_the_rocm_and_cuda_rules_pick() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    let cases = [
+        ("gfx90a:sramecc+:xnack-", "hipv4-amdgcn-amd-amdhsa--gfx90a", ImageKind::AmdCodeObject),
+        ("gfx90a:sramecc+:xnack+", "hipv4-amdgcn-amd-amdhsa--gfx90a", ImageKind::AmdCodeObject),
+        ("gfx942:sramecc+:xnack-", "hipv4-amdgcn-amd-amdhsa--gfx942", ImageKind::AmdCodeObject),
+        ("gfx950:sramecc+:xnack-", "hipv4-amdgcn-amd-amdhsa--gfx950", ImageKind::AmdCodeObject),
+        ("sm_90", "cuda-nvptx64-nvidia-cuda-sm_90", ImageKind::Cubin),
+        ("sm_89", "cuda-nvptx64-nvidia-cuda-sm_80", ImageKind::Cubin),
+        ("sm_100", "cuda-nvptx64-nvidia-cuda-compute_90", ImageKind::Ptx),
+    ];
+    for (device_id, expected, kind) in cases {
+        let (driver, device) = simulated(device_id);
+        let loaded = bundle.load(&device).unwrap();
+        let explanation = bundle.explain(&target(device_id));
+        for choice in &explanation.modules {
+            let (entry, _) = choice.selection.chosen().unwrap();
+            assert_eq!(entry.to_string(), expected, "{device_id}, module {}", choice.module);
+            assert_eq!(loaded.chosen_entry(&choice.module), Some(entry));
+            assert_eq!(choice.selection.needs_jit(), kind == ImageKind::Ptx);
+        }
+        loaded.preload().unwrap();
+        let loads: Vec<_> = driver
+            .log()
+            .into_iter()
+            .filter_map(|r| match r {
+                Recorded::Load { kind, image, .. } => Some((kind, image)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(loads.len(), bundle.manifest().modules.len());
+        for (loaded_kind, image) in loads {
+            assert_eq!(loaded_kind, kind);
+            match kind {
+                ImageKind::AmdCodeObject => assert_eq!(&image[..4], b"\x7fELF"),
+                ImageKind::Cubin => assert_eq!(&image[..4], b"\x7fELF"),
+                ImageKind::Ptx => assert!(String::from_utf8_lossy(&image).contains(".version")),
+            }
+        }
+    }
+}
+
+#[test]
+fn devices_nothing_runs_on_are_refused_with_the_explanation() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    for device_id in ["gfx1100", "sm_75"] {
+        let (driver, device) = simulated(device_id);
+        let Err(error) = bundle.load(&device) else {
+            panic!("{device_id} must be refused");
+        };
+        let message = error.to_string();
+        assert!(matches!(error, Error::NoCodeObject { .. }), "{message}");
+        for part in ["can run on", "hipv4-amdgcn-amd-amdhsa--gfx942", "cuda-nvptx64-nvidia-cuda-sm_90", "rejected"] {
+            assert!(message.contains(part), "`{part}` missing from:\n{message}");
+        }
+        assert!(!bundle.explain(&target(device_id)).is_servable());
+        assert!(driver.log().is_empty(), "selection happens before any driver call");
+    }
+}
+
+/// A launch argument list that fits `signature` exactly, with the bytes each argument must
+/// take in the packed buffer.
+fn fitting_args(
+    device: &Device,
+    signature: &[hkload::abi::Param],
+) -> (Vec<hkload::DeviceBuffer>, Vec<ScalarValue>) {
+    let mut buffers = Vec::new();
+    let mut scalars = Vec::new();
+    for (i, param) in signature.iter().enumerate() {
+        match param.ty {
+            ParamType::Pointer { pointee, .. } => buffers.push(device.alloc(pointee, 16).unwrap()),
+            ParamType::Scalar(t) => scalars.push(distinct_value(t, i)),
+        }
+    }
+    (buffers, scalars)
+}
+
+fn distinct_value(ty: ScalarType, seed: usize) -> ScalarValue {
+    let n = 0x11 * (seed as u8 + 1);
+    match ty {
+        ScalarType::Bf16 => ScalarValue::Bf16(0x3f80 + n as u16),
+        ScalarType::F16 => ScalarValue::F16(0x3c00 + n as u16),
+        ScalarType::F32 => ScalarValue::F32(1.5 + n as f32),
+        ScalarType::F64 => ScalarValue::F64(2.5 + n as f64),
+        ScalarType::I8 => ScalarValue::I8(-(n as i8 & 0x3f)),
+        ScalarType::U8 => ScalarValue::U8(n),
+        ScalarType::I16 => ScalarValue::I16(-(n as i16)),
+        ScalarType::U16 => ScalarValue::U16(n as u16 * 3),
+        ScalarType::I32 => ScalarValue::I32(-(n as i32) * 1000),
+        ScalarType::U32 => ScalarValue::U32(n as u32 * 100_003),
+        ScalarType::I64 => ScalarValue::I64(-(n as i64) << 40),
+        ScalarType::U64 => ScalarValue::U64((n as u64) << 36 | 7),
+    }
+}
+
+fn build_args<'a>(
+    signature: &[hkload::abi::Param],
+    buffers: &'a mut [hkload::DeviceBuffer],
+    scalars: &[ScalarValue],
+) -> Vec<Arg<'a>> {
+    let mut buffers = buffers.iter_mut();
+    let mut scalars = scalars.iter();
+    signature
+        .iter()
+        .map(|param| match param.ty {
+            ParamType::Pointer { mutable: true, .. } => Arg::from(buffers.next().unwrap()),
+            ParamType::Pointer { mutable: false, .. } => Arg::Buffer(&*buffers.next().unwrap()),
+            ParamType::Scalar(_) => Arg::Scalar(*scalars.next().unwrap()),
+        })
+        .collect()
+}
+
+#[test]
+fn every_kernel_packs_at_metadata_offsets_and_refuses_wrong_arguments() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    for device_id in ["gfx90a:sramecc+:xnack-", "gfx942:sramecc+:xnack-", "gfx950:sramecc+:xnack-", "sm_90"] {
+        let (driver, device) = simulated(device_id);
+        let loaded = bundle.load(&device).unwrap();
+        for record in &bundle.manifest().kernels {
+            let kernel = loaded.kernel(&record.symbol).unwrap();
+            let facts = kernel.facts().clone();
+            let dims = LaunchDims::linear(3, 64);
+            let (mut buffers, scalars) = fitting_args(&device, &record.args);
+            let pointers: Vec<u64> = buffers.iter().map(|b| b.ptr().0).collect();
+            let args = build_args(&record.args, &mut buffers, &scalars);
+            unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, &args) }.unwrap();
+
+            let Some(Recorded::Launch { kernel: name, args: packed, dims: got_dims, .. }) =
+                driver.log().pop()
+            else {
+                panic!("no launch recorded for {}", record.symbol);
+            };
+            assert_eq!((name.as_str(), got_dims), (record.symbol.as_str(), dims));
+            let (mut p, mut s) = (pointers.iter(), scalars.iter());
+            let mut end = 0;
+            for (param, slot) in record.args.iter().zip(&facts.args) {
+                let at = slot.offset as usize;
+                let want: Vec<u8> = match param.ty {
+                    ParamType::Pointer { .. } => p.next().unwrap().to_le_bytes().to_vec(),
+                    ParamType::Scalar(t) => s.next().unwrap().to_le_bytes()[..t.size() as usize].to_vec(),
+                };
+                assert_eq!(
+                    &packed[at..at + want.len()],
+                    &want[..],
+                    "{} `{param}` on {device_id}",
+                    record.symbol
+                );
+                end = end.max(at + want.len());
+            }
+            assert_eq!(packed.len(), end, "{} on {device_id}", record.symbol);
+
+            assert_refused(&kernel, &record.args, &device, &driver);
+        }
+    }
+}
+
+/// `args` with argument `i` replaced by `arg`.
+fn replaced<'a>(args: &[Arg<'a>], i: usize, arg: Arg<'a>) -> Vec<Arg<'a>> {
+    let mut args = args.to_vec();
+    args[i] = arg;
+    args
+}
+
+/// Wrong count, kind, size, element type and writability are all refused before the driver.
+fn assert_refused(
+    kernel: &hkload::Kernel,
+    signature: &[hkload::abi::Param],
+    device: &Device,
+    driver: &RecordingDriver,
+) {
+    let launches_before = driver.log().len();
+    let dims = LaunchDims::linear(1, 64);
+    let wrong_elem = device.alloc(ScalarType::I8, 16).unwrap();
+    let other_driver = Arc::new(RecordingDriver::new([*device.target(), *device.target()]));
+    let wrong_device = Device::new(other_driver, 1).unwrap().alloc(ScalarType::F32, 4).unwrap();
+    let (mut buffers, scalars) = fitting_args(device, signature);
+    let good = build_args(signature, &mut buffers, &scalars);
+    let mut attempts: Vec<(Vec<Arg<'_>>, &str)> = vec![
+        (good[..good.len() - 1].to_vec(), "ArgCount"),
+        ([good.clone(), vec![Arg::Scalar(ScalarValue::U32(1))]].concat(), "ArgCount"),
+    ];
+    for (i, param) in signature.iter().enumerate() {
+        let with = |arg| replaced(&good, i, arg);
+        match (param.ty, good[i]) {
+            (ParamType::Pointer { .. }, Arg::BufferMut(buffer)) => {
+                attempts.push((with(Arg::Scalar(ScalarValue::U64(0x1000))), "ArgType"));
+                attempts.push((with(Arg::Buffer(buffer)), "ArgType"));
+                attempts.push((with(Arg::Buffer(&wrong_elem)), "ArgType"));
+                attempts.push((with(Arg::Buffer(&wrong_device)), "ArgDevice"));
+            }
+            (ParamType::Pointer { .. }, _) => {
+                attempts.push((with(Arg::Scalar(ScalarValue::U64(0x1000))), "ArgType"));
+                attempts.push((with(Arg::Buffer(&wrong_elem)), "ArgType"));
+                attempts.push((with(Arg::Buffer(&wrong_device)), "ArgDevice"));
+            }
+            (ParamType::Scalar(t), _) => {
+                let other = if t == ScalarType::U64 { ScalarValue::U32(1) } else { ScalarValue::U64(1) };
+                attempts.push((with(Arg::Scalar(other)), "ArgType"));
+                attempts.push((with(Arg::Buffer(&wrong_elem)), "ArgType"));
+            }
+        }
+    }
+    for (args, expected) in attempts {
+        let error = unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, &args) }.unwrap_err();
+        let name = match error {
+            Error::Launch(LaunchError::ArgCount { .. }) => "ArgCount",
+            Error::Launch(LaunchError::ArgType { .. }) => "ArgType",
+            Error::Launch(LaunchError::ArgDevice { .. }) => "ArgDevice",
+            ref other => panic!("unexpected error {other}"),
+        };
+        assert_eq!(name, expected, "{}: {error}", kernel.name());
+        assert!(error.to_string().contains(kernel.name()));
+    }
+    let too_big = LaunchDims::linear(1, kernel.facts().max_flat_workgroup_size + 1);
+    let error = unsafe { kernel.launch(&too_big, StreamHandle::DEFAULT, &good) }.unwrap_err();
+    assert!(matches!(error, Error::Launch(LaunchError::Dims { .. })), "{error}");
+    let mut huge_shared = dims;
+    huge_shared.shared_bytes = 1 << 20;
+    let error = unsafe { kernel.launch(&huge_shared, StreamHandle::DEFAULT, &good) }.unwrap_err();
+    assert!(matches!(error, Error::Launch(LaunchError::Dims { .. })), "{error}");
+    assert_eq!(driver.log().len(), launches_before, "refused launches reach no driver");
+}
+
+#[test]
+fn modules_load_once_under_concurrent_first_use() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    let (driver, device) = simulated("gfx942:sramecc+:xnack-");
+    let loaded = bundle.load(&device).unwrap();
+    let symbols: Vec<String> = bundle.manifest().kernels.iter().map(|k| k.symbol.clone()).collect();
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                for symbol in &symbols {
+                    loaded.kernel(symbol).unwrap();
+                }
+            });
+        }
+    });
+    let loads = driver.log().iter().filter(|r| matches!(r, Recorded::Load { .. })).count();
+    assert_eq!(loads, bundle.manifest().modules.len());
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<hkload::Kernel>();
+    send_sync::<hkload::LoadedBundle>();
+    let error = loaded.kernel("no_such_kernel").unwrap_err().to_string();
+    assert!(error.contains("no kernel `no_such_kernel`"), "{error}");
+}
+
+/// A small real bundle (one module, one AMD and one NVIDIA target), compressed or plain.
+fn small_bundle(compress: bool) -> (TempPackage, std::path::PathBuf) {
+    let package = TempPackage::new(&["gfx942", "sm_90"], &[("scale", SCALE_SOURCE, SCALE_MANIFEST)]);
+    let mut options = package.options();
+    options.compress = compress;
+    let report = build_ok(&options);
+    (package, report.bundle)
+}
+
+#[test]
+fn every_damaged_byte_and_every_truncation_is_an_error() {
+    for compress in [true, false] {
+        let (_package, dir) = small_bundle(compress);
+        let manifest = std::fs::read_to_string(dir.join("bundle.toml")).unwrap();
+        let module = std::fs::read(dir.join("scale.hipfb")).unwrap();
+        let leak = |bytes: Vec<u8>| -> &'static [u8] { Box::leak(bytes.into_boxed_slice()) };
+        let try_load = |bytes: &'static [u8], options: OpenOptions| -> Result<(), Error> {
+            let bundle = Bundle::from_bytes(&manifest, &[("scale.hipfb", bytes)], options)?;
+            for device in ["gfx942:sramecc+:xnack-", "sm_90"] {
+                let (_driver, device) = simulated(device);
+                bundle.load(&device)?.preload()?;
+            }
+            Ok(())
+        };
+        try_load(leak(module.clone()), OpenOptions::default()).unwrap();
+
+        let step = if compress { 1 } else { 7 };
+        for at in (0..module.len()).step_by(step) {
+            let mut damaged = module.clone();
+            damaged[at] ^= 0x5a;
+            let damaged = leak(damaged);
+            assert!(
+                try_load(damaged, OpenOptions::default()).is_err(),
+                "a change at byte {at} went unnoticed (compressed: {compress})"
+            );
+            // Without hash checks a change may go unnoticed, but must never panic.
+            let _ = try_load(damaged, OpenOptions { verify_hashes: false });
+        }
+        for len in 0..module.len() {
+            let truncated = leak(module[..len].to_vec());
+            assert!(try_load(truncated, OpenOptions::default()).is_err(), "truncated to {len}");
+            assert!(try_load(truncated, OpenOptions { verify_hashes: false }).is_err(), "truncated to {len}, unverified");
+        }
+    }
+}
+
+#[test]
+fn a_newer_format_and_a_broken_manifest_are_clear_errors() {
+    let (_package, dir) = small_bundle(true);
+    let manifest = std::fs::read_to_string(dir.join("bundle.toml")).unwrap();
+    let module: &'static [u8] = Box::leak(std::fs::read(dir.join("scale.hipfb")).unwrap().into_boxed_slice());
+    let newer = manifest.replace("format_version = \"1.0\"", "format_version = \"2.0\"");
+    let error = Bundle::from_bytes(&newer, &[("scale.hipfb", module)], OpenOptions::default()).unwrap_err();
+    assert!(error.to_string().contains("bundle format 2.0 is newer than this hkload reads (1.0)"), "{error}");
+    let error = Bundle::from_bytes(&manifest, &[], OpenOptions::default()).unwrap_err();
+    assert!(error.to_string().contains("was not among the embedded files"), "{error}");
+    let error = Bundle::open(dir.join("missing")).unwrap_err();
+    assert!(error.to_string().contains("is it a bundle folder made by `hkpack build`?"), "{error}");
+}
