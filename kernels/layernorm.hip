@@ -12,17 +12,17 @@
 //
 // Symbols: layernorm_{bf16,f16,f32}(out, x, weight, bias, eps, rows, cols)
 //          fused_add_layernorm_{bf16,f16,f32}(out, residual, x, weight, bias, eps, rows, cols)
-// Launch: 256 threads per block; grid = ceil(rows / 8) when a row holds at most 2 KiB
-// (cols * sizeof(T) <= 2048: a 32-lane team per row), else grid = rows (a block per row).
-// Any grid is correct (teams walk the rows with a grid stride); another one only costs speed.
+// Launch: 256 threads per block; with B = cols * sizeof(T) bytes a row, grid = ceil(rows / 32)
+// when B <= 512 (8 lanes a row), ceil(rows / 8) when B <= 2048 (32 lanes a row), else rows (a
+// block a row). Any grid is correct (teams walk the rows with a grid stride); another one only
+// costs speed.
 #include "hk/hk.h"
 #include "hk/walk.h"
 
 namespace {
 
 constexpr unsigned kBlock = 256;
-// At least 2 blocks per SM: at most 128 registers a thread (see rmsnorm.hip; the fused form
-// spills at 3 blocks' 85).
+// At least 2 blocks per SM: at most 128 registers a thread (see rmsnorm.hip).
 constexpr unsigned kMinBlocks = 2;
 
 template <typename T, unsigned N> HK_DEVICE float sum(const hk::Pack<T, N>& v) {

@@ -9,18 +9,21 @@
 //
 // Symbols: rmsnorm_{bf16,f16,f32}(out, x, weight, eps, rows, cols)
 //          fused_add_rmsnorm_{bf16,f16,f32}(out, residual, x, weight, eps, rows, cols)
-// Launch: 256 threads per block; grid = ceil(rows / 8) when a row holds at most 2 KiB
-// (cols * sizeof(T) <= 2048: a 32-lane team per row), else grid = rows (a block per row).
-// Any grid is correct (teams walk the rows with a grid stride); another one only costs speed.
+// Launch: 256 threads per block; with B = cols * sizeof(T) bytes a row, grid = ceil(rows / 32)
+// when B <= 512 (8 lanes a row), ceil(rows / 8) when B <= 2048 (32 lanes a row), else rows (a
+// block a row). Any grid is correct (teams walk the rows with a grid stride); another one only
+// costs speed.
 #include "hk/hk.h"
 #include "hk/walk.h"
 
 namespace {
 
 constexpr unsigned kBlock = 256;
-// At least 3 blocks per SM: at most 85 registers a thread, enough for a row tile and its
-// weights without spilling, and plenty of loads in flight.
+// Blocks that must fit on one SM at once, which caps registers a thread (see
+// HK_LAUNCH_BOUNDS_MIN_BLOCKS; left alone, ptxas picks 64 and spills): 3 (85 registers) keep
+// enough loads in flight for rmsnorm; the fused form needs 2 (128) not to spill.
 constexpr unsigned kMinBlocks = 3;
+constexpr unsigned kMinBlocksFused = 2;
 
 // Writes out = v * scale * weight for the pack of values v at column i.
 template <typename T, unsigned N>
@@ -96,7 +99,7 @@ HK_DEVICE void fused_add_rmsnorm(T* out, T* __restrict__ residual, const T* x,
       T* out, const T* x, const T* weight, float eps, unsigned rows, unsigned cols) {         \
     rmsnorm<T>(out, x, weight, eps, rows, cols);                                              \
   }                                                                                           \
-  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kMinBlocks) void fused_add_rmsnorm_##name(                          \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kMinBlocksFused) void fused_add_rmsnorm_##name(                          \
       T* out, T* residual, const T* x, const T* weight, float eps, unsigned rows,             \
       unsigned cols) {                                                                        \
     fused_add_rmsnorm<T>(out, residual, x, weight, eps, rows, cols);                          \

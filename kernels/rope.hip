@@ -11,7 +11,7 @@
 //   rope_{neox,gptj}_thd_T(out, x, cos, sin, positions, tokens, heads, dim, rot_dim)
 //       x, out: [tokens, heads, dim]; positions: [tokens] int32.
 // cos, sin: f32 tables [positions, rot_dim / 2] (row p holds the angles of position p; every
-// position used must have a row). rot_dim must be even and at most dim (0 copies); otherwise
+// position used must have a row). rot_dim must be even and at most dim (0 only copies); else
 // the kernel writes nothing. `out` may be `x` itself (each element is read before it is
 // written, by the thread that writes it).
 //
@@ -27,8 +27,8 @@ constexpr unsigned kRowsPerBlock = 32;
 
 enum class Style { NeoX, GptJ };
 
-// Loads n f32 values from p: 16-byte loads when n is a multiple of 4 and `vectors` (p is then
-// 16-byte aligned), else one by one.
+// Loads N f32 values (angles) from p: as 16-byte vectors when N is a multiple of 4, which the
+// vector path guarantees only with p 16-byte aligned; else one by one.
 template <unsigned N> HK_DEVICE hk::Pack<float, N> load_angles(const float* p) {
   hk::Pack<float, N> v;
   if constexpr (N % 4 == 0) {

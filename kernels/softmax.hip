@@ -8,9 +8,10 @@
 // as in PyTorch.
 //
 // Symbols: softmax_{bf16,f16,f32}(out, x, rows, cols)
-// Launch: 256 threads per block; grid = ceil(rows / 8) when a row holds at most 2 KiB
-// (cols * sizeof(T) <= 2048: a 32-lane team per row), else grid = rows (a block per row).
-// Any grid is correct (teams walk the rows with a grid stride); another one only costs speed.
+// Launch: 256 threads per block; with B = cols * sizeof(T) bytes a row, grid = ceil(rows / 32)
+// when B <= 512 (8 lanes a row), ceil(rows / 8) when B <= 2048 (32 lanes a row), else rows (a
+// block a row). Any grid is correct (teams walk the rows with a grid stride); another one only
+// costs speed.
 #include "hk/hk.h"
 #include "hk/walk.h"
 
@@ -49,8 +50,9 @@ template <typename T, unsigned N> HK_DEVICE ExpSum add(ExpSum acc, const hk::Pac
   if (max == kNegInf) return acc;  // a masked stretch: nothing to add yet
   // exp(-inf - finite) is 0, so the first finite pack needs no special case.
   float sum = acc.sum * hk::exp(acc.max - max);
+  const float shift = max * hk::kLog2e;
 #pragma unroll
-  for (unsigned e = 0; e < N; ++e) sum += hk::exp(hk::to_float(v.elem[e]) - max);
+  for (unsigned e = 0; e < N; ++e) sum += hk::exp2(hk::fma(hk::to_float(v.elem[e]), hk::kLog2e, -shift));
   return {max, sum};
 }
 
@@ -68,11 +70,13 @@ HK_DEVICE void softmax(T* __restrict__ out, const T* __restrict__ x, unsigned ro
     // A row of all -inf gives max = -inf, sum = 0 and so NaN outputs, as PyTorch does.
     const ExpSum row = walk.reduce(partial, MergeExpSums{});
     const float inv_sum = 1.0f / row.sum;
+    // exp(v - max) as 2^(v log2(e) - max log2(e)): one fma before the exp2.
+    const float shift = row.max * hk::kLog2e;
     walk.pass(xr, [&](unsigned i, auto n, const auto& v) {
       hk::Pack<T, n> y;
 #pragma unroll
       for (unsigned e = 0; e < n; ++e)
-        y.elem[e] = hk::from_float<T>(hk::exp(hk::to_float(v.elem[e]) - row.max) * inv_sum);
+        y.elem[e] = hk::from_float<T>(hk::exp2(hk::fma(hk::to_float(v.elem[e]), hk::kLog2e, -shift)) * inv_sum);
       hk::store(outr + i, y);
     });
   });

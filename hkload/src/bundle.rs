@@ -278,7 +278,7 @@ fn parse_manifest(text: &str, path: &Path) -> Result<BundleManifest> {
 }
 
 fn select_entry(module: &ModuleRecord, device: &TargetId) -> Selection {
-    let ids: Vec<EntryId> = module.entries.iter().map(|e| e.id.clone()).collect();
+    let ids: Vec<EntryId> = module.entries.iter().map(|e| e.id).collect();
     select(device, &ids)
 }
 

@@ -51,7 +51,7 @@ pub fn plan<'p>(package: &'p Package, targets: &[TargetId]) -> Vec<Job<'p>> {
         for target in targets {
             let mut job = Job {
                 module,
-                target: target.clone(),
+                target: *target,
                 source: module.source.clone(),
                 defines: module.defines.clone(),
                 flags: module.flags.clone(),

@@ -63,7 +63,7 @@ pub fn check(
         return Err(SignatureError::Undeclared {
             kernel: extra.name.clone(),
             module: module.name.clone(),
-            target: target.clone(),
+            target: *target,
             manifest,
         });
     }
@@ -74,7 +74,7 @@ pub fn check(
             .find(|k| k.name == decl.symbol)
             .ok_or_else(|| SignatureError::Missing {
                 kernel: decl.symbol.clone(),
-                target: target.clone(),
+                target: *target,
                 manifest: manifest.clone(),
                 found: compiled
                     .iter()
@@ -97,7 +97,7 @@ fn check_args(
     if declared.len() != facts.args.len() {
         return Err(SignatureError::Count {
             kernel: kernel.to_owned(),
-            target: target.clone(),
+            target: *target,
             declared: declared.len(),
             found: facts.args.len(),
         });
@@ -106,17 +106,17 @@ fn check_args(
         let fail = |detail: String| {
             Err(SignatureError::Argument {
                 kernel: kernel.to_owned(),
-                target: target.clone(),
+                target: *target,
                 index,
                 param: param.to_string(),
                 detail,
             })
         };
-        let kind_ok = match (&param.ty, &slot.kind) {
-            (ParamType::Pointer { .. }, ArgKind::GlobalBuffer) => true,
-            (ParamType::Scalar(_), ArgKind::ByValue) => true,
-            _ => false,
-        };
+        let kind_ok = matches!(
+            (&param.ty, &slot.kind),
+            (ParamType::Pointer { .. }, ArgKind::GlobalBuffer)
+                | (ParamType::Scalar(_), ArgKind::ByValue)
+        );
         if !kind_ok {
             let declared_kind = if param.ty.is_pointer() {
                 "a pointer"

@@ -101,8 +101,9 @@ fn check_one(
         Expect::Close { want, abs, rel } => {
             compare_len(name, got.len(), want.len())?;
             for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-                // `!(a <= b)` rather than `a > b` so that NaN (an unwritten element) fails.
-                if !((g - w).abs() <= abs + rel * w.abs()) {
+                // Written so that NaN (an unwritten element) fails: NaN is never within.
+                let within = (g - w).abs() <= abs + rel * w.abs();
+                if !within {
                     fail(i, g, format!("{w} ± {:.3e}", abs + rel * w.abs()));
                 }
             }

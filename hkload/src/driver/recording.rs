@@ -127,7 +127,7 @@ impl Driver for RecordingDriver {
             .map(|(ordinal, target)| DeviceInfo {
                 ordinal,
                 name: format!("simulated {target}"),
-                target: target.clone(),
+                target: *target,
             })
             .collect())
     }

@@ -122,22 +122,23 @@ HK_DEVICE float wave_min(float v) { return wave_reduce(v, Min{}); }
 // result.
 
 namespace detail {
-// One block reduction through shared slot `slot` (0 or 1) of the scratch of (T, Op). One
-// barrier: the caller must not reuse a slot before another barrier has passed.
-template <typename T, typename Op> HK_DEVICE T block_reduce_in(T v, Op op, unsigned slot) {
+// A reduction over the waves [first, first + count) of the block, which every wave of the block
+// makes at once (each for its own range), through shared slot `slot` (0 or 1) of the scratch of
+// (T, Op). One barrier: the caller must not reuse a slot before another barrier has passed.
+template <typename T, typename Op>
+HK_DEVICE T waves_reduce_in(T v, Op op, unsigned slot, unsigned first, unsigned count) {
   __shared__ T partial[2][kMaxWaves];
   v = wave_reduce(v, op);
   if (lane_id() == 0) partial[slot][wave_id()] = v;
   block_sync();
-  // Every wave reduces the per-wave partials itself, which saves a broadcast round.
-  const unsigned waves = block_dim_x() / kWaveSize;
-  return wave_reduce(lane_id() < waves ? partial[slot][lane_id()] : Op::identity(), op);
+  // Every wave reduces the partials of its range itself, which saves a broadcast round.
+  return wave_reduce(lane_id() < count ? partial[slot][first + lane_id()] : Op::identity(), op);
 }
 }  // namespace detail
 
 // op over v of every thread of the block. Two barriers; safe to call again right away.
 template <typename T, typename Op> HK_DEVICE T block_reduce(T v, Op op) {
-  v = detail::block_reduce_in(v, op, 0);
+  v = detail::waves_reduce_in(v, op, 0, 0, block_dim_x() / kWaveSize);
   block_sync();  // the next call may overwrite the scratch only after everyone has read it
   return v;
 }
@@ -149,15 +150,23 @@ HK_DEVICE float block_min(float v) { return block_reduce(v, Min{}); }
 // Block reductions in a sequence at one barrier each (instead of two): consecutive calls
 // alternate between two scratch slots, so a slot is written again only after the barrier of
 // the call in between, which every thread reaches after reading it. Every thread of the block
-// must make the same sequence of calls on its own BlockReducer.
+// must make the same sequence of calls on its own BlockReducer (one for the whole kernel).
 class BlockReducer {
  public:
+  // op over v of every thread of the block.
   template <typename T, typename Op> HK_DEVICE T reduce(T v, Op op) {
-    slot_ ^= 1;
-    return detail::block_reduce_in(v, op, slot_);
+    return reduce_waves(v, op, 0, block_dim_x() / kWaveSize);
   }
   HK_DEVICE float sum(float v) { return reduce(v, Sum{}); }
   HK_DEVICE float max(float v) { return reduce(v, Max{}); }
+
+  // op over v of the waves [first, first + count) of the block: the block split into teams of
+  // whole waves, each reducing over itself (every wave still takes part in the call).
+  template <typename T, typename Op>
+  HK_DEVICE T reduce_waves(T v, Op op, unsigned first, unsigned count) {
+    slot_ ^= 1;
+    return detail::waves_reduce_in(v, op, slot_, first, count);
+  }
 
  private:
   unsigned slot_ = 0;

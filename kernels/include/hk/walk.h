@@ -2,14 +2,14 @@
 // happens to each pack of elements.
 //
 // for_each_row: rows of a row-major [rows, cols] tensor, each handled by a team of threads that
-// walks it in one or more passes (a norm's statistics pass, then its output pass). Rows of up
-// to 2 KiB go to a team of 32 lanes (8 rows at a time in a 256-thread block, no barriers);
-// longer rows to the whole block. Lane t of a team of size S handles the 16-byte vectors t,
+// walks it in one or more passes (a norm's statistics pass, then its output pass). A team has
+// enough lanes (8 to a whole block) that each lane holds at most 4 16-byte vectors of the row;
+// teams within a wave need no barriers. Lane t of a team of size S handles the 16-byte vectors t,
 // t + S, t + 2S, ... of the row (coalesced), or single elements the same way when a vector path
 // is impossible (cols not a multiple of the vector width, or a pointer not 16-byte aligned).
-// Rows of up to 4 vectors per lane stay in registers between passes (the whole 2 KiB row of a
-// lane team; 8192 bf16/f16 or 4096 f32 elements for a 256-thread block); longer rows are read
-// again by later passes, a tile at a time, mostly from cache.
+// Rows of up to 4 vectors per lane stay in registers between passes (up to 8192 bf16/f16 or
+// 4096 f32 elements with 256-thread blocks); longer rows are read again by later passes, a
+// tile at a time, mostly from cache.
 //
 // for_each_pack: a grid walks a flat array of n elements in 16-byte vectors with a grid stride,
 // finishing a ragged end element by element.
@@ -27,36 +27,44 @@ HK_DEVICE unsigned long long row_offset(unsigned row, unsigned cols) {
 }
 
 // ---- Teams ----------------------------------------------------------------------------------
-// The threads that handle one row together: rank() within the team, the rows it takes
-// (first_row(), then every row_stride()), and reductions over the team.
-
-// A whole one-dimensional block of kBlock threads per row, blocks striding over the rows.
-template <unsigned kBlock> class BlockTeam {
+// The threads that handle one row together: kLanes consecutive threads of a one-dimensional
+// block of kBlock (both powers of two, kLanes <= kBlock), kBlock / kLanes teams per block. A
+// team within a wave reduces with shuffles alone; a larger one through shared memory, at one
+// block barrier per reduction, so all the teams of its block must reduce together (kBarriers).
+template <unsigned kBlock, unsigned kLanes> class Team {
  public:
-  static constexpr unsigned kSize = kBlock;
-  HK_DEVICE unsigned rank() const { return thread_idx_x(); }
-  HK_DEVICE unsigned first_row() const { return block_idx_x(); }
-  HK_DEVICE unsigned row_stride() const { return grid_dim_x(); }
-  template <typename T, typename Op> HK_DEVICE T reduce(T v, Op op) { return reducer_.reduce(v, op); }
+  static constexpr unsigned kSize = kLanes;
+  static constexpr unsigned kPerBlock = kBlock / kLanes;
+  static constexpr bool kBarriers = kLanes > kWaveSize;
+  static_assert(kPerBlock * kLanes == kBlock, "teams tile the block");
+
+  HK_DEVICE unsigned rank() const { return thread_idx_x() % kSize; }
+  // This team's slot in the block: its rows are block_idx_x() * kPerBlock + index(), then every
+  // grid_dim_x() * kPerBlock rows.
+  HK_DEVICE unsigned index() const { return thread_idx_x() / kSize; }
+
+  template <typename T, typename Op> HK_DEVICE T reduce(T v, Op op) {
+    if constexpr (kBarriers) {
+      constexpr unsigned kWaves = kLanes / kWaveSize;
+      return reducer_.reduce_waves(v, op, index() * kWaves, kWaves);
+    } else {
+      return lanes_reduce<kSize>(v, op);
+    }
+  }
 
  private:
-  BlockReducer reducer_;
-};
-
-// 32 consecutive lanes per row (a warp, or half an AMD wave), kBlock / 32 rows per block.
-template <unsigned kBlock> class LaneTeam {
- public:
-  static constexpr unsigned kSize = 32;
-  static constexpr unsigned kPerBlock = kBlock / kSize;
-  HK_DEVICE unsigned rank() const { return thread_idx_x() % kSize; }
-  HK_DEVICE unsigned first_row() const { return block_idx_x() * kPerBlock + thread_idx_x() / kSize; }
-  HK_DEVICE unsigned row_stride() const { return grid_dim_x() * kPerBlock; }
-  template <typename T, typename Op> HK_DEVICE T reduce(T v, Op op) { return lanes_reduce<kSize>(v, op); }
+  BlockReducer reducer_;  // used by teams that span waves only (one register otherwise dropped)
 };
 
 // ---- Rows -----------------------------------------------------------------------------------
-// Rows up to this size go to a LaneTeam (32 lanes x 4 vectors x 16 bytes: all in registers).
-inline constexpr unsigned kLaneTeamRowBytes = 2048;
+// The team size for rows of `row_bytes`: enough lanes that each holds at most 4 16-byte
+// vectors (64 bytes), a power of two from 8 up to the block. Rows that need more than kBlock
+// lanes are walked a tile at a time.
+template <unsigned kBlock> HK_DEVICE constexpr unsigned team_lanes(unsigned long long row_bytes) {
+  unsigned lanes = 8;
+  while (lanes < kBlock && lanes * 64ull < row_bytes) lanes *= 2;
+  return lanes;
+}
 
 // The part of one row a lane keeps in registers between passes. Kept as raw bits: the element
 // view is made only where a pass looks at it, which keeps 16-bit elements packed two to a
@@ -67,15 +75,20 @@ template <unsigned kTile> struct RowTile {
 
 // One team's walk over rows of T with `cols` columns; it holds the registers a row is kept in
 // between passes.
-template <typename T, typename Team, unsigned kTile = 4> class RowWalk {
+template <typename T, typename TeamT, unsigned kTile = 4> class RowWalk {
  public:
   static constexpr unsigned kVec = kVec16<T>;
+  static constexpr unsigned kLanes = TeamT::kSize;
 
   // `aligned`: every row pointer the kernel will touch is 16-byte aligned at row 0.
   HK_DEVICE RowWalk(unsigned cols, bool aligned)
       : cols_(cols), vectors_(aligned && cols % kVec == 0), nvec_(cols / kVec) {}
 
-  HK_DEVICE Team& team() { return team_; }
+  HK_DEVICE TeamT& team() { return team_; }
+
+  // An idle team (past the last row, while its block's other teams still work) makes no passes
+  // but still takes part in reductions, with nothing to add.
+  HK_DEVICE void set_idle(bool idle) { idle_ = idle; }
 
   // op over v of every lane of the team (sum, max, or any hk/reduce.h operation).
   template <typename V, typename Op> HK_DEVICE V reduce(V v, Op op) { return team_.reduce(v, op); }
@@ -86,15 +99,16 @@ template <typename T, typename Team, unsigned kTile = 4> class RowWalk {
   // them, and whatever else the kernel does on first sight, such as accumulating a sum) and
   // returns the values later passes will see there.
   template <typename Produce> HK_DEVICE void first_pass(Produce produce) {
+    if (idle_) return;
     const unsigned t = team_.rank();
     if (!vectors_) {
-      for (unsigned i = t; i < cols_; i += Team::kSize) produce(i, Width<1>{});
+      for (unsigned i = t; i < cols_; i += kLanes) produce(i, Width<1>{});
       return;
     }
-    for (unsigned base = 0; base < nvec_; base += kTile * Team::kSize) {
+    for (unsigned base = 0; base < nvec_; base += kTile * kLanes) {
 #pragma unroll
       for (unsigned c = 0; c < kTile; ++c) {
-        const unsigned v = base + c * Team::kSize + t;
+        const unsigned v = base + c * kLanes + t;
         if (v < nvec_) tile_.bits[c] = __builtin_bit_cast(u32x4, produce(v * kVec, Width<kVec>{}));
       }
     }
@@ -104,20 +118,21 @@ template <typename T, typename Team, unsigned kTile = 4> class RowWalk {
   // first pass, taken from registers when the row fits there and else read again from `reread`
   // (the row holding them: the input, or the buffer the first pass wrote them to).
   template <typename Visit> HK_DEVICE void pass(const T* reread, Visit visit) const {
+    if (idle_) return;
     const unsigned t = team_.rank();
     if (!vectors_) {
-      for (unsigned i = t; i < cols_; i += Team::kSize) visit(i, Width<1>{}, load(reread + i, Width<1>{}));
+      for (unsigned i = t; i < cols_; i += kLanes) visit(i, Width<1>{}, load(reread + i, Width<1>{}));
       return;
     }
-    if (nvec_ <= kTile * Team::kSize) {
+    if (nvec_ <= kTile * kLanes) {
       visit_tile(tile_, 0, visit);
       return;
     }
-    for (unsigned base = 0; base < nvec_; base += kTile * Team::kSize) {
+    for (unsigned base = 0; base < nvec_; base += kTile * kLanes) {
       RowTile<kTile> again;
 #pragma unroll
       for (unsigned c = 0; c < kTile; ++c) {
-        const unsigned v = base + c * Team::kSize + t;
+        const unsigned v = base + c * kLanes + t;
         if (v < nvec_) again.bits[c] = __builtin_bit_cast(u32x4, load16(reread + v * kVec));
       }
       visit_tile(again, base, visit);
@@ -129,32 +144,55 @@ template <typename T, typename Team, unsigned kTile = 4> class RowWalk {
   HK_DEVICE void visit_tile(const RowTile<kTile>& tile, unsigned base, Visit visit) const {
 #pragma unroll
     for (unsigned c = 0; c < kTile; ++c) {
-      const unsigned v = base + c * Team::kSize + team_.rank();
+      const unsigned v = base + c * kLanes + team_.rank();
       if (v < nvec_) visit(v * kVec, Width<kVec>{}, __builtin_bit_cast(Vec16<T>, tile.bits[c]));
     }
   }
 
-  Team team_;
+  TeamT team_;
   RowTile<kTile> tile_;
   unsigned cols_;
   bool vectors_;
   unsigned nvec_;
+  bool idle_ = false;
 };
+
+namespace detail {
+template <typename T, unsigned kBlock, unsigned kLanes, typename Body>
+HK_DEVICE void walk_rows(unsigned rows, unsigned cols, bool aligned, Body& body) {
+  using TeamT = Team<kBlock, kLanes>;
+  RowWalk<T, TeamT> walk(cols, aligned);
+  const unsigned stride = grid_dim_x() * TeamT::kPerBlock;
+  const unsigned first = block_idx_x() * TeamT::kPerBlock;
+  const unsigned index = walk.team().index();
+  if constexpr (TeamT::kBarriers) {
+    // The block's teams go round together, the ones past the last row idle, so that all of
+    // them reach every barrier of every reduction.
+    for (unsigned base = first; base < rows; base += stride) {
+      walk.set_idle(base + index >= rows);
+      body(walk, base + index);
+    }
+  } else {
+    for (unsigned r = first + index; r < rows; r += stride) body(walk, r);
+  }
+}
+}  // namespace detail
 
 // Calls `body(walk, row)` for every row of a [rows, cols] tensor of T, in a one-dimensional
 // grid of kBlock-thread blocks: `walk` is the RowWalk of the team that owns the row (the same
-// object for all the rows of a team, so team reductions keep their state). Intended grid:
-// ceil(rows / (kBlock / 32)) blocks when cols * sizeof(T) <= kLaneTeamRowBytes, else rows
-// blocks; any grid is correct.
+// object for all the rows of a team, so team reductions keep their state). A row of B bytes
+// gets a team of L = team_lanes<kBlock>(B) lanes; intended grid: ceil(rows / (kBlock / L))
+// blocks. Any grid is correct. `body` may see a row index past the last row on an idle team:
+// it must only touch memory through the walk's passes.
 template <typename T, unsigned kBlock, typename Body>
 HK_DEVICE void for_each_row(unsigned rows, unsigned cols, bool aligned, Body body) {
-  auto walk_rows = [&](auto walk) {
-    for (unsigned r = walk.team().first_row(); r < rows; r += walk.team().row_stride()) body(walk, r);
-  };
-  if (static_cast<unsigned long long>(cols) * sizeof(T) <= kLaneTeamRowBytes) {
-    walk_rows(RowWalk<T, LaneTeam<kBlock>>(cols, aligned));
-  } else {
-    walk_rows(RowWalk<T, BlockTeam<kBlock>>(cols, aligned));
+  switch (team_lanes<kBlock>(static_cast<unsigned long long>(cols) * sizeof(T))) {
+    case 8: return detail::walk_rows<T, kBlock, 8>(rows, cols, aligned, body);
+    case 16: return detail::walk_rows<T, kBlock, 16>(rows, cols, aligned, body);
+    case 32: return detail::walk_rows<T, kBlock, 32>(rows, cols, aligned, body);
+    case 64: return detail::walk_rows<T, kBlock, 64>(rows, cols, aligned, body);
+    case 128: return detail::walk_rows<T, kBlock, 128>(rows, cols, aligned, body);
+    default: return detail::walk_rows<T, kBlock, kBlock>(rows, cols, aligned, body);
   }
 }
 

@@ -1,2 +1,770 @@
-//! (being written)
-fn main() {}
+//! Load and launch benchmarks of hkload's CUDA path against raw CUDA driver calls on the same
+//! code, on CUDA device 0.
+//!
+//! ```text
+//! gpu_bench <bundle folder> [--kernel NAME]
+//! ```
+//!
+//! * (a) Cold start: open the bundle, choose the code object, load its module and launch one
+//!   kernel once (then synchronise), against raw `cuModuleLoadData` of the same image in memory
+//!   plus the same launch, and against loading the module's PTX (the driver's JIT). Every
+//!   repetition unloads its module; the context is created before anything is timed. Run with
+//!   `CUDA_CACHE_DISABLE=1` for JIT times without the driver's compute cache.
+//! * (b) Launch overhead: CPU time per launch of hkload's checked launch, of the CUDA driver
+//!   layer alone (packed arguments, no checks), and of raw `cuLaunchKernel` with `kernelParams`
+//!   and with the packed buffer in `extra`. One-block grid, batches of launches synchronised in
+//!   between (so the queue never backs up into the timing), variants interleaved so that drift
+//!   hits all of them alike.
+//! * (c) Hash verification: (a)'s hkload row with `verify_hashes` off.
+//!
+//! Reports medians with 10th and 90th percentiles, ratios against the raw calls, and whether
+//! the targets ((a) ≤ 1.25×, (b) ≤ 1.05×) are met; a missed target is reported, not an error.
+//! Exits with 1 when the kernel computes wrong results, 2 on any other failure.
+
+mod device_case;
+
+use std::ffi::{CStr, CString, c_void};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::ptr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hk_tests::kernels::all_cases;
+use hkload::code_object::ArgSlot;
+use hkload::driver::cuda::sys;
+use hkload::driver::{CudaDriver, Driver, ImageKind, LaunchDims, StreamHandle};
+use hkload::offload::{self, OffloadBundle};
+use hkload::target::EntryId;
+use hkload::{Arg, Bundle, Device, OpenOptions};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use device_case::{CaseBuffers, run_case};
+
+const USAGE: &str = "usage: gpu_bench <bundle folder> [--kernel NAME]";
+
+/// Cold starts: untimed warm-up runs, then timed repetitions (fewer for the slow PTX JIT).
+const COLD_WARMUP: usize = 3;
+const COLD_REPS: usize = 50;
+const PTX_WARMUP: usize = 1;
+const PTX_REPS: usize = 10;
+
+/// Launches: one sample is the mean CPU time of a batch; batches stay far below the depth of
+/// the driver's launch queue, so launches never wait for the GPU.
+const LAUNCH_BATCH: usize = 256;
+const LAUNCH_WARMUP: usize = 20;
+const LAUNCH_ROUNDS: usize = 400;
+
+const COLD_TARGET: f64 = 1.25;
+const LAUNCH_TARGET: f64 = 1.05;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(error) => {
+            eprintln!("gpu_bench: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+struct Options {
+    bundle: PathBuf,
+    kernel: Option<String>,
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut bundle = None;
+    let mut kernel = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--kernel" => {
+                kernel = Some(
+                    args.next()
+                        .ok_or(format!("--kernel needs a name\n{USAGE}"))?,
+                )
+            }
+            "-h" | "--help" => return Err(USAGE.into()),
+            _ if bundle.is_none() && !arg.starts_with('-') => bundle = Some(PathBuf::from(arg)),
+            _ => return Err(format!("unexpected argument `{arg}`\n{USAGE}")),
+        }
+    }
+    Ok(Options {
+        bundle: bundle.ok_or(USAGE)?,
+        kernel,
+    })
+}
+
+/// Turns any displayable error into the message `main` prints.
+fn text(error: impl std::fmt::Display) -> String {
+    error.to_string()
+}
+
+/// Runs the benchmarks; `Ok(false)` when the kernel computes wrong results.
+fn run() -> Result<bool, String> {
+    let options = parse_args()?;
+    let cuda = Arc::new(CudaDriver::new().map_err(text)?);
+    let device = Device::new(cuda.clone(), 0).map_err(text)?;
+    // The context is created here, outside every measurement.
+    cuda.make_current(0).map_err(text)?;
+    let (major, minor) = cuda.driver_version();
+    println!(
+        "device 0: {} ({}), CUDA driver {major}.{minor}",
+        device.info().name,
+        device.target()
+    );
+
+    let bundle = Bundle::open(&options.bundle).map_err(text)?;
+    let cases = all_cases(&mut StdRng::seed_from_u64(0x5eed));
+    let case = match &options.kernel {
+        Some(name) => cases.into_iter().find(|case| &case.kernel == name),
+        None => cases
+            .into_iter()
+            .find(|case| bundle.manifest().kernel(&case.kernel).is_some()),
+    }
+    .ok_or("no test case for the kernel to measure; name one with --kernel")?;
+    let images = Images::read(&options.bundle, &bundle, &device, &case.kernel)?;
+    println!(
+        "bundle {}; kernel {} ({}); module {} ({} bytes hashed when verifying)",
+        options.bundle.display(),
+        case.kernel,
+        case.label,
+        images.module,
+        images.hashed_bytes
+    );
+    println!(
+        "chosen {} ({} bytes){}",
+        images.chosen_id,
+        images.chosen.len(),
+        match &images.ptx {
+            Some((id, ptx)) => format!("; PTX {id} ({} bytes)", ptx.len()),
+            None => "; the module has no PTX for this device".into(),
+        }
+    );
+
+    let loaded = bundle.load(&device).map_err(text)?;
+    let kernel = loaded.kernel(&case.kernel).map_err(text)?;
+    let judged = run_case(&device, &kernel, &case).map_err(text)?;
+    if let Err(mismatch) = judged.verdict {
+        println!("check: FAIL, the kernel computes wrong results: {mismatch}");
+        return Ok(false);
+    }
+    match judged.worst {
+        Some(worst) => println!("check: the case passes (worst error {worst:.3} of tolerance)"),
+        None => println!("check: the case passes (exact outputs)"),
+    }
+
+    let buffers = CaseBuffers::upload(&device, &case).map_err(text)?;
+    let args = buffers.args();
+    let arg_slots = kernel.facts().args.clone();
+    let packed = pack(&args, &arg_slots)?;
+    let setup = Setup {
+        dir: &options.bundle,
+        device: &device,
+        cuda: &cuda,
+        kernel: &case.kernel,
+        symbol: CString::new(case.kernel.as_str()).map_err(text)?,
+        tiny: LaunchDims {
+            grid: [1, 1, 1],
+            ..case.dims
+        },
+        args: &args,
+        arg_slots,
+        packed,
+    };
+    drop((kernel, loaded));
+
+    println!("measuring (a) cold start and (c) hash verification ...");
+    let cold = cold_start(&setup, &images)?;
+    println!("measuring (b) launch overhead ...");
+    let launches = launch_overhead(&setup, &images)?;
+
+    println!();
+    print_cold_start(&cold, &images);
+    println!();
+    print_launch_overhead(&launches);
+    Ok(true)
+}
+
+/// What every measurement shares.
+struct Setup<'a> {
+    dir: &'a Path,
+    device: &'a Device,
+    cuda: &'a CudaDriver,
+    kernel: &'a str,
+    symbol: CString,
+    /// The case's launch shape shrunk to one block: the cheapest launch that is still real.
+    tiny: LaunchDims,
+    args: &'a [Arg<'a>],
+    arg_slots: Vec<ArgSlot>,
+    /// `args` packed at the kernel's offsets, as hkload hands them to the driver.
+    packed: Vec<u8>,
+}
+
+/// The code images of the kernel's module, read straight from the bundle for the raw calls.
+struct Images {
+    module: String,
+    /// The entry hkload chooses for the device.
+    chosen_id: EntryId,
+    /// Its bytes, NUL-terminated when it is PTX.
+    chosen: Vec<u8>,
+    /// The module's best PTX for the device (its entry and NUL-terminated text), unless that
+    /// is what hkload chooses anyway.
+    ptx: Option<(EntryId, Vec<u8>)>,
+    /// What verification hashes on the way to the first launch: the module file and the image.
+    hashed_bytes: u64,
+}
+
+impl Images {
+    fn read(dir: &Path, bundle: &Bundle, device: &Device, kernel: &str) -> Result<Self, String> {
+        let manifest = bundle.manifest();
+        let record = manifest
+            .kernel(kernel)
+            .ok_or_else(|| format!("the bundle has no kernel `{kernel}`"))?;
+        let module = manifest
+            .module(&record.module)
+            .ok_or_else(|| format!("the bundle has no module `{}`", record.module))?;
+        let file = std::fs::read(dir.join(&module.file)).map_err(text)?;
+        let unpacked = offload::decompress(&file).map_err(text)?;
+        let parsed = OffloadBundle::parse(&unpacked).map_err(text)?;
+        let image = |id: &EntryId| -> Result<Vec<u8>, String> {
+            let mut bytes = parsed
+                .entry(&id.to_string())
+                .ok_or_else(|| format!("module `{}` has no entry {id}", module.name))?
+                .bytes
+                .to_vec();
+            if id.image_kind() == ImageKind::Ptx {
+                bytes.push(0);
+            }
+            Ok(bytes)
+        };
+        let ids: Vec<EntryId> = module.entries.iter().map(|e| e.id.clone()).collect();
+        let chosen_id = hkload::select::select(device.target(), &ids)
+            .chosen()
+            .map(|(id, _)| id.clone())
+            .ok_or_else(|| format!("module `{}` has no code for the device", module.name))?;
+        let ptx_ids: Vec<EntryId> = ids
+            .into_iter()
+            .filter(|id| id.image_kind() == ImageKind::Ptx)
+            .collect();
+        let ptx_id = hkload::select::select(device.target(), &ptx_ids)
+            .chosen()
+            .map(|(id, _)| id.clone())
+            .filter(|id| *id != chosen_id);
+        let chosen_size = module
+            .entries
+            .iter()
+            .find(|e| e.id == chosen_id)
+            .map_or(0, |e| e.size);
+        Ok(Self {
+            module: module.name.clone(),
+            chosen: image(&chosen_id)?,
+            ptx: ptx_id
+                .map(|id| image(&id).map(|bytes| (id, bytes)))
+                .transpose()?,
+            chosen_id,
+            hashed_bytes: module.size + chosen_size,
+        })
+    }
+
+    fn chosen_kind(&self) -> &'static str {
+        match self.chosen_id.image_kind() {
+            ImageKind::Ptx => "PTX (JIT)",
+            _ => "cubin",
+        }
+    }
+}
+
+/// Packs `args` at the offsets and sizes of `slots`, as hkload does before calling the driver.
+fn pack(args: &[Arg<'_>], slots: &[ArgSlot]) -> Result<Vec<u8>, String> {
+    if args.len() != slots.len() {
+        return Err(format!(
+            "the case has {} arguments, the kernel {}",
+            args.len(),
+            slots.len()
+        ));
+    }
+    let size = slots
+        .iter()
+        .map(|slot| slot.offset as usize + slot.size as usize)
+        .max()
+        .unwrap_or(0);
+    let mut packed = vec![0u8; size];
+    for (arg, slot) in args.iter().zip(slots) {
+        let value = match arg {
+            Arg::Buffer(buffer) | Arg::BufferMut(buffer) => buffer.ptr().0.to_le_bytes(),
+            Arg::Raw(raw) => raw.ptr.0.to_le_bytes(),
+            Arg::Scalar(value) => value.to_le_bytes(),
+        };
+        let (start, len) = (slot.offset as usize, slot.size as usize);
+        let (Some(target), Some(source)) = (packed.get_mut(start..start + len), value.get(..len))
+        else {
+            return Err(format!("argument slot {slot:?} does not fit 8 bytes"));
+        };
+        target.copy_from_slice(source);
+    }
+    Ok(packed)
+}
+
+/// A module loaded with raw `cuModuleLoadData` and the kernel taken from it; unloaded on drop.
+struct RawModule {
+    module: sys::CUmodule,
+    function: sys::CUfunction,
+}
+
+impl RawModule {
+    /// Loads `image` (NUL-terminated if PTX) in the current context.
+    fn load(image: &[u8], symbol: &CStr) -> Result<Self, String> {
+        let mut module = ptr::null_mut();
+        // SAFETY: the image is a cubin or NUL-terminated PTX read from the bundle; the driver
+        // rejects anything else with an error.
+        cu("cuModuleLoadData", unsafe {
+            sys::cuModuleLoadData(&mut module, image.as_ptr().cast())
+        })?;
+        let loaded = Self {
+            module,
+            function: ptr::null_mut(),
+        };
+        let mut function = ptr::null_mut();
+        // SAFETY: the module is live; `symbol` is NUL-terminated.
+        cu("cuModuleGetFunction", unsafe {
+            sys::cuModuleGetFunction(&mut function, loaded.module, symbol.as_ptr())
+        })?;
+        Ok(Self { function, ..loaded })
+    }
+}
+
+impl Drop for RawModule {
+    fn drop(&mut self) {
+        // SAFETY: loaded by `load`, unloaded once; nothing launched from it is still queued
+        // (every use synchronises).
+        let _ = unsafe { sys::cuModuleUnload(self.module) };
+    }
+}
+
+/// The arguments of a raw launch: `kernelParams` or `extra`, as `cuLaunchKernel` takes them.
+#[derive(Clone, Copy)]
+enum RawArgs {
+    Params(*mut *mut c_void),
+    Extra(*mut *mut c_void),
+}
+
+fn raw_launch(function: sys::CUfunction, dims: &LaunchDims, args: RawArgs) -> Result<(), String> {
+    let (params, extra) = match args {
+        RawArgs::Params(params) => (params, ptr::null_mut()),
+        RawArgs::Extra(extra) => (ptr::null_mut(), extra),
+    };
+    let [gx, gy, gz] = dims.grid;
+    let [bx, by, bz] = dims.block;
+    // SAFETY: the function is live; the arguments point at the packed values of the same
+    // buffers the checked launch uses, laid out as the kernel's code object says.
+    cu("cuLaunchKernel", unsafe {
+        sys::cuLaunchKernel(
+            function,
+            gx,
+            gy,
+            gz,
+            bx,
+            by,
+            bz,
+            dims.shared_bytes,
+            ptr::null_mut(),
+            params,
+            extra,
+        )
+    })
+}
+
+fn synchronize() -> Result<(), String> {
+    // SAFETY: no pointers; the device's context is current on this thread.
+    cu("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+}
+
+fn cu(call: &str, result: sys::CUresult) -> Result<(), String> {
+    match result {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        error => Err(format!("{call} failed: {error:?}")),
+    }
+}
+
+/// One measured variant: a name, how often to run it, and the function that runs it once and
+/// returns the seconds to count.
+struct Variant<'a> {
+    name: String,
+    warmup: usize,
+    reps: usize,
+    run: Box<dyn FnMut() -> Result<f64, String> + 'a>,
+    samples: Vec<f64>,
+}
+
+impl<'a> Variant<'a> {
+    fn new(
+        name: impl Into<String>,
+        warmup: usize,
+        reps: usize,
+        run: impl FnMut() -> Result<f64, String> + 'a,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            warmup,
+            reps,
+            run: Box::new(run),
+            samples: Vec::with_capacity(reps),
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        Stats::of(&self.samples)
+    }
+}
+
+/// Warms every variant up, then takes their samples round by round, each round starting one
+/// variant further on, so that slow drift (clocks, caches, the allocator) is shared out evenly.
+fn measure(variants: &mut [Variant<'_>]) -> Result<(), String> {
+    for variant in variants.iter_mut() {
+        for _ in 0..variant.warmup {
+            (variant.run)().map_err(|e| format!("{} (warm-up): {e}", variant.name))?;
+        }
+    }
+    let rounds = variants.iter().map(|v| v.reps).max().unwrap_or(0);
+    let count = variants.len();
+    for round in 0..rounds {
+        for k in 0..count {
+            let variant = &mut variants[(round + k) % count];
+            if variant.samples.len() < variant.reps {
+                let sample = (variant.run)().map_err(|e| format!("{}: {e}", variant.name))?;
+                variant.samples.push(sample);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Stats {
+    median: f64,
+    p10: f64,
+    p90: f64,
+}
+
+impl Stats {
+    fn of(samples: &[f64]) -> Self {
+        let mut sorted = samples.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            let index = (q * (sorted.len().saturating_sub(1)) as f64).round() as usize;
+            sorted.get(index).copied().unwrap_or(f64::NAN)
+        };
+        Self {
+            median: at(0.5),
+            p10: at(0.1),
+            p90: at(0.9),
+        }
+    }
+}
+
+struct ColdStart {
+    verify_on: Stats,
+    verify_off: Stats,
+    raw: Stats,
+    ptx: Option<Stats>,
+    reps: (usize, usize),
+}
+
+fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
+    let mut param_pointers = kernel_params(setup);
+    let params = RawArgs::Params(param_pointers.as_mut_ptr());
+    let mut variants = vec![
+        Variant::new("hkload, verify on", COLD_WARMUP, COLD_REPS, || {
+            hkload_cold_start(setup, true)
+        }),
+        Variant::new("hkload, verify off", COLD_WARMUP, COLD_REPS, || {
+            hkload_cold_start(setup, false)
+        }),
+        Variant::new(
+            format!("raw cuModuleLoadData, {}", images.chosen_kind()),
+            COLD_WARMUP,
+            COLD_REPS,
+            || raw_cold_start(setup, &images.chosen, params),
+        ),
+    ];
+    if let Some((_, ptx)) = &images.ptx {
+        variants.push(Variant::new(
+            "raw cuModuleLoadData, PTX (JIT)",
+            PTX_WARMUP,
+            PTX_REPS,
+            || raw_cold_start(setup, ptx, params),
+        ));
+    }
+    measure(&mut variants)?;
+    Ok(ColdStart {
+        verify_on: variants[0].stats(),
+        verify_off: variants[1].stats(),
+        raw: variants[2].stats(),
+        ptx: variants.get(3).map(Variant::stats),
+        reps: (COLD_REPS, PTX_REPS),
+    })
+}
+
+/// Seconds from opening the bundle to the end of the kernel's first launch through hkload.
+fn hkload_cold_start(setup: &Setup<'_>, verify_hashes: bool) -> Result<f64, String> {
+    let options = OpenOptions {
+        verify_hashes,
+        ..OpenOptions::default()
+    };
+    let start = Instant::now();
+    let bundle = Bundle::open_with(setup.dir, options).map_err(text)?;
+    let loaded = bundle.load(setup.device).map_err(text)?;
+    let kernel = loaded.kernel(setup.kernel).map_err(text)?;
+    // SAFETY: the buffers outlive the launch, which is synchronised before returning.
+    unsafe { kernel.launch(&setup.tiny, StreamHandle::DEFAULT, setup.args) }.map_err(text)?;
+    setup.device.synchronize().map_err(text)?;
+    let seconds = start.elapsed().as_secs_f64();
+    // Unloads the module, outside the timing as for the raw variants.
+    drop((kernel, loaded, bundle));
+    Ok(seconds)
+}
+
+/// Seconds from raw `cuModuleLoadData` of `image` (in memory) to the end of the first launch.
+fn raw_cold_start(setup: &Setup<'_>, image: &[u8], params: RawArgs) -> Result<f64, String> {
+    let start = Instant::now();
+    let module = RawModule::load(image, &setup.symbol)?;
+    raw_launch(module.function, &setup.tiny, params)?;
+    synchronize()?;
+    let seconds = start.elapsed().as_secs_f64();
+    drop(module);
+    Ok(seconds)
+}
+
+/// `kernelParams` for the packed arguments: a pointer to each argument's bytes.
+fn kernel_params(setup: &Setup<'_>) -> Vec<*mut c_void> {
+    setup
+        .arg_slots
+        .iter()
+        .map(|slot| {
+            setup
+                .packed
+                .as_ptr()
+                .wrapping_add(slot.offset as usize)
+                .cast_mut()
+                .cast()
+        })
+        .collect()
+}
+
+struct LaunchOverhead {
+    hkload: Stats,
+    driver: Stats,
+    raw_params: Stats,
+    raw_extra: Stats,
+    /// Device time per launch of the raw batch, from CUDA events.
+    device_per_launch: f64,
+}
+
+fn launch_overhead(setup: &Setup<'_>, images: &Images) -> Result<LaunchOverhead, String> {
+    // The same kernel three ways: through hkload, through the driver layer, and raw.
+    let bundle = Bundle::open(setup.dir).map_err(text)?;
+    let loaded = bundle.load(setup.device).map_err(text)?;
+    let kernel = loaded.kernel(setup.kernel).map_err(text)?;
+    let module = setup
+        .cuda
+        .load_module(0, images.chosen_id.image_kind(), &images.chosen)
+        .map_err(text)?;
+    let function = setup.cuda.function(module, setup.kernel).map_err(text)?;
+    let raw = RawModule::load(&images.chosen, &setup.symbol)?;
+
+    let mut param_pointers = kernel_params(setup);
+    let params = RawArgs::Params(param_pointers.as_mut_ptr());
+    let mut size = setup.packed.len();
+    let mut extra = [
+        sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
+        setup.packed.as_ptr().cast_mut().cast(),
+        sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
+        (&raw mut size).cast(),
+        sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut c_void,
+    ];
+    let extra = RawArgs::Extra(extra.as_mut_ptr());
+
+    /// Times one batch of `launch`, after waiting for the queue to drain.
+    fn batch(mut launch: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+        synchronize()?;
+        let start = Instant::now();
+        for _ in 0..LAUNCH_BATCH {
+            launch()?;
+        }
+        Ok(start.elapsed().as_secs_f64() / LAUNCH_BATCH as f64)
+    }
+    let dims = &setup.tiny;
+    let mut variants = vec![
+        Variant::new(
+            "hkload Kernel::launch (checked)",
+            LAUNCH_WARMUP,
+            LAUNCH_ROUNDS,
+            || {
+                batch(|| {
+                    // SAFETY: the buffers outlive every launch; all are synchronised below.
+                    unsafe { kernel.launch(dims, StreamHandle::DEFAULT, setup.args) }.map_err(text)
+                })
+            },
+        ),
+        Variant::new(
+            "CudaDriver::launch (packed)",
+            LAUNCH_WARMUP,
+            LAUNCH_ROUNDS,
+            || {
+                batch(|| {
+                    setup
+                        .cuda
+                        .launch(function, dims, StreamHandle::DEFAULT, &setup.packed)
+                        .map_err(text)
+                })
+            },
+        ),
+        Variant::new(
+            "raw cuLaunchKernel, kernelParams",
+            LAUNCH_WARMUP,
+            LAUNCH_ROUNDS,
+            || batch(|| raw_launch(raw.function, dims, params)),
+        ),
+        Variant::new(
+            "raw cuLaunchKernel, extra buffer",
+            LAUNCH_WARMUP,
+            LAUNCH_ROUNDS,
+            || batch(|| raw_launch(raw.function, dims, extra)),
+        ),
+    ];
+    measure(&mut variants)?;
+    let (launched, device_time) = setup
+        .cuda
+        .time_on_device(0, StreamHandle::DEFAULT, || {
+            (0..LAUNCH_BATCH).try_for_each(|_| raw_launch(raw.function, dims, params))
+        })
+        .map_err(text)?;
+    launched?;
+    synchronize()?;
+    let stats: Vec<Stats> = variants.iter().map(Variant::stats).collect();
+    drop(variants);
+    setup.cuda.unload_module(module).map_err(text)?;
+    Ok(LaunchOverhead {
+        hkload: stats[0],
+        driver: stats[1],
+        raw_params: stats[2],
+        raw_extra: stats[3],
+        device_per_launch: device_time.as_secs_f64() / LAUNCH_BATCH as f64,
+    })
+}
+
+fn print_cold_start(cold: &ColdStart, images: &Images) {
+    println!(
+        "(a) cold start: open + select + load module + first launch + synchronise; median of {} \
+         ({} for PTX), module unloaded between repetitions, context created beforehand",
+        cold.reps.0, cold.reps.1
+    );
+    let jit_cache = match std::env::var("CUDA_CACHE_DISABLE").as_deref() {
+        Ok("1") => "PTX JIT cache disabled (CUDA_CACHE_DISABLE=1): every PTX load compiles",
+        _ => "PTX JIT cache enabled: PTX loads after the first may be served from it",
+    };
+    println!("    {jit_cache}");
+    let header = format!(
+        "    {:<38} {:>10} {:>10} {:>10} {:>9}",
+        "variant", "median", "p10", "p90", "vs raw"
+    );
+    println!("{header}");
+    let row = |name: &str, stats: Stats| {
+        println!(
+            "    {name:<38} {:>10} {:>10} {:>10} {:>8.2}x",
+            seconds(stats.median),
+            seconds(stats.p10),
+            seconds(stats.p90),
+            stats.median / cold.raw.median
+        )
+    };
+    row("hkload, verify on", cold.verify_on);
+    row("hkload, verify off", cold.verify_off);
+    row(
+        &format!("raw cuModuleLoadData, {}", images.chosen_kind()),
+        cold.raw,
+    );
+    if let Some(ptx) = cold.ptx {
+        row("raw cuModuleLoadData, PTX (JIT)", ptx);
+    }
+    let ratio = cold.verify_on.median / cold.raw.median;
+    println!(
+        "    target (a): hkload (verify on) <= {COLD_TARGET:.2}x raw {}: {ratio:.2}x, {}",
+        images.chosen_kind(),
+        verdict(ratio <= COLD_TARGET)
+    );
+    println!(
+        "(c) hash verification: {} per open + first kernel ({:.2}x verify off), hashing {} \
+         bytes (module file and code image)",
+        seconds(cold.verify_on.median - cold.verify_off.median),
+        cold.verify_on.median / cold.verify_off.median,
+        images.hashed_bytes
+    );
+}
+
+fn print_launch_overhead(launch: &LaunchOverhead) {
+    println!(
+        "(b) launch overhead: CPU time per launch, one-block grid, median of {LAUNCH_ROUNDS} \
+         batches of {LAUNCH_BATCH} ({} launches per variant)",
+        LAUNCH_ROUNDS * LAUNCH_BATCH
+    );
+    println!(
+        "    {:<38} {:>10} {:>10} {:>10} {:>9}",
+        "variant", "median", "p10", "p90", "vs raw"
+    );
+    let base = launch.raw_params.median;
+    let rows = [
+        ("hkload Kernel::launch (checked)", launch.hkload),
+        ("CudaDriver::launch (packed)", launch.driver),
+        ("raw cuLaunchKernel, kernelParams", launch.raw_params),
+        ("raw cuLaunchKernel, extra buffer", launch.raw_extra),
+    ];
+    for (name, stats) in rows {
+        println!(
+            "    {name:<38} {:>10} {:>10} {:>10} {:>8.3}x",
+            seconds(stats.median),
+            seconds(stats.p10),
+            seconds(stats.p90),
+            stats.median / base
+        );
+    }
+    println!(
+        "    where the time goes: hkload's checks and packing {}, the driver layer (lookup, \
+         context check) {}, extra buffer instead of kernelParams {}",
+        seconds(launch.hkload.median - launch.driver.median),
+        seconds(launch.driver.median - launch.raw_extra.median),
+        seconds(launch.raw_extra.median - launch.raw_params.median)
+    );
+    println!(
+        "    device time per launch (CUDA events, raw batch): {}",
+        seconds(launch.device_per_launch)
+    );
+    let ratio = launch.hkload.median / base;
+    println!(
+        "    target (b): hkload <= {LAUNCH_TARGET:.2}x raw cuLaunchKernel (kernelParams): \
+         {ratio:.3}x, {}",
+        verdict(ratio <= LAUNCH_TARGET)
+    );
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "MISSED" }
+}
+
+/// A time for people: `812 ns`, `3.41 µs`, `1.205 ms`; signed, since differences can be.
+fn seconds(value: f64) -> String {
+    let magnitude = value.abs();
+    if magnitude < 1e-6 {
+        format!("{:.0} ns", value * 1e9)
+    } else if magnitude < 1e-3 {
+        format!("{:.2} µs", value * 1e6)
+    } else if magnitude < 1.0 {
+        format!("{:.3} ms", value * 1e3)
+    } else {
+        format!("{value:.3} s")
+    }
+}

@@ -1,2 +1,223 @@
-//! (being written)
-fn main() {}
+//! The GPU parity suite: every kernel of a bundle, run through hkload on CUDA device 0 and
+//! compared with the f64 references of [`hk_tests::kernels`] on fresh random inputs.
+//!
+//! ```text
+//! gpu_parity <bundle folder> [--seed N]
+//! ```
+//!
+//! Prints the device, the code object chosen for each module, the seed (pass it back with
+//! `--seed` to repeat a run), one line per kernel (cases passed, worst error as a fraction of
+//! the tolerance) with a line per failed case, and last `N passed, M failed`, counting cases
+//! and every kernel of the bundle that has no case. Exits with 1 when anything failed, 2 when
+//! the suite could not start.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+mod device_case;
+
+use hk_tests::case::Case;
+use hk_tests::kernels::all_cases;
+use hkload::driver::CudaDriver;
+use hkload::select::Outcome;
+use hkload::{Bundle, Device, LoadedBundle};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use device_case::run_case;
+
+const USAGE: &str = "usage: gpu_parity <bundle folder> [--seed N]";
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(error) => {
+            eprintln!("gpu_parity: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+struct Options {
+    bundle: PathBuf,
+    seed: Option<u64>,
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut bundle = None;
+    let mut seed = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--seed" => {
+                let value = args
+                    .next()
+                    .ok_or(format!("--seed needs a value\n{USAGE}"))?;
+                let value = value
+                    .parse()
+                    .map_err(|_| format!("--seed takes an unsigned integer, not `{value}`"))?;
+                seed = Some(value);
+            }
+            "-h" | "--help" => return Err(USAGE.into()),
+            _ if bundle.is_none() && !arg.starts_with('-') => bundle = Some(PathBuf::from(arg)),
+            _ => return Err(format!("unexpected argument `{arg}`\n{USAGE}")),
+        }
+    }
+    Ok(Options {
+        bundle: bundle.ok_or(USAGE)?,
+        seed,
+    })
+}
+
+/// Runs the suite; `Ok(false)` when something failed.
+fn run() -> Result<bool, String> {
+    let options = parse_args()?;
+    let driver = CudaDriver::new().map_err(|e| e.to_string())?;
+    let (major, minor) = driver.driver_version();
+    let device = Device::new(Arc::new(driver), 0).map_err(|e| e.to_string())?;
+    println!(
+        "device 0: {} ({}), CUDA driver {major}.{minor}",
+        device.info().name,
+        device.target()
+    );
+    let bundle = Bundle::open(&options.bundle).map_err(|e| e.to_string())?;
+    let package = &bundle.manifest().package;
+    println!(
+        "bundle {} ({} {})",
+        options.bundle.display(),
+        package.name,
+        package.version
+    );
+    for choice in &bundle.explain(device.target()).modules {
+        let chosen = choice
+            .selection
+            .verdicts()
+            .iter()
+            .find(|verdict| matches!(verdict.outcome(), Outcome::Chosen { .. }));
+        match chosen {
+            Some(verdict) => println!(
+                "module {}: {} ({})",
+                choice.module,
+                verdict.entry(),
+                verdict.reason()
+            ),
+            None => println!("module {}: no entry runs here", choice.module),
+        }
+    }
+    let loaded = bundle.load(&device).map_err(|e| e.to_string())?;
+    loaded.preload().map_err(|e| e.to_string())?;
+
+    let seed = options.seed.unwrap_or_else(rand::random);
+    println!("seed {seed} (repeat with --seed {seed})");
+    let cases = all_cases(&mut StdRng::seed_from_u64(seed));
+
+    let mut passed = 0usize;
+    let mut failed = 0usize;
+    let mut without_case = Vec::new();
+    for record in &bundle.manifest().kernels {
+        let symbol = record.symbol.as_str();
+        let kernel_cases: Vec<&Case> = cases.iter().filter(|c| c.kernel == symbol).collect();
+        if kernel_cases.is_empty() {
+            without_case.push(symbol);
+            continue;
+        }
+        let report = run_kernel(&loaded, symbol, &kernel_cases);
+        passed += report.passed;
+        failed += report.failures.len();
+        println!("{report}");
+    }
+    let known = |case: &&Case| bundle.manifest().kernel(&case.kernel).is_some();
+    for case in cases.iter().filter(|case| !known(case)) {
+        failed += 1;
+        println!(
+            "FAIL {}: the case {} names a kernel the bundle does not have",
+            case.kernel, case.label
+        );
+    }
+    if !without_case.is_empty() {
+        failed += without_case.len();
+        println!(
+            "FAIL {} kernel(s) of the bundle have no case: {}",
+            without_case.len(),
+            without_case.join(", ")
+        );
+    }
+    println!("{passed} passed, {failed} failed");
+    Ok(failed == 0)
+}
+
+/// The outcome of every case of one kernel.
+struct KernelReport<'a> {
+    kernel: &'a str,
+    cases: usize,
+    passed: usize,
+    /// The largest error of any close-to-reference output, as a fraction of its tolerance;
+    /// `None` when the kernel's outputs are all compared exactly.
+    worst: Option<f64>,
+    /// `(case label, what went wrong)`.
+    failures: Vec<(String, String)>,
+}
+
+impl std::fmt::Display for KernelReport<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let verdict = if self.failures.is_empty() {
+            "PASS"
+        } else {
+            "FAIL"
+        };
+        write!(
+            f,
+            "{verdict} {:<28} {:>3}/{:<3} cases",
+            self.kernel, self.passed, self.cases
+        )?;
+        match self.worst {
+            Some(worst) => write!(f, "  worst error {worst:.3} of tolerance")?,
+            None => write!(f, "  exact")?,
+        }
+        for (label, failure) in &self.failures {
+            write!(f, "\n     {label}: {failure}")?;
+        }
+        Ok(())
+    }
+}
+
+fn run_kernel<'a>(loaded: &LoadedBundle, symbol: &'a str, cases: &[&Case]) -> KernelReport<'a> {
+    let mut report = KernelReport {
+        kernel: symbol,
+        cases: cases.len(),
+        passed: 0,
+        worst: None,
+        failures: Vec::new(),
+    };
+    let kernel = match loaded.kernel(symbol) {
+        Ok(kernel) => kernel,
+        Err(error) => {
+            let error = error.to_string();
+            for case in cases {
+                report.failures.push((case.label.clone(), error.clone()));
+            }
+            return report;
+        }
+    };
+    for case in cases {
+        match run_case(loaded.device(), &kernel, case) {
+            Ok(judged) => {
+                if let Some(worst) = judged.worst {
+                    report.worst = Some(report.worst.map_or(worst, |w| w.max(worst)));
+                }
+                match judged.verdict {
+                    Ok(()) => report.passed += 1,
+                    Err(mismatch) => report
+                        .failures
+                        .push((case.label.clone(), mismatch.to_string())),
+                }
+            }
+            Err(error) => report
+                .failures
+                .push((case.label.clone(), error.to_string())),
+        }
+    }
+    report
+}

@@ -9,7 +9,7 @@
 //! - `layernorm_T(out, x, weight, bias, eps, rows, cols)`
 //! - `fused_add_layernorm_T(out, residual, x, weight, bias, eps, rows, cols)`, likewise.
 //!
-//! Launch: [`launch_dims`], one block of [`BLOCK_THREADS`] per row.
+//! Launch: [`row_launch_dims`], blocks of [`BLOCK_THREADS`] threads, 1 to 32 rows per block.
 
 use hkload::abi::{ScalarType, ScalarValue};
 use hkload::driver::LaunchDims;
@@ -18,13 +18,21 @@ use rand::Rng;
 use crate::case::{Case, CaseArg, Expect};
 use crate::host::round_to;
 
-/// Threads in a block of every norm kernel.
+/// Threads in a block of every row kernel (the norms here and softmax).
 pub const BLOCK_THREADS: u32 = 256;
 
-/// The launch the norm kernels are written for: one block per row. (They are correct with any
-/// grid; blocks stride over the rows.)
-pub fn launch_dims(rows: usize) -> LaunchDims {
-    LaunchDims::linear(rows.max(1) as u32, BLOCK_THREADS)
+/// The launch the row kernels (the norms here and softmax) are written for: a team of 8 lanes
+/// per row when a row holds at most 512 bytes, 32 lanes up to 2 KiB, else a whole block, so
+/// `256 / 8`, `256 / 32` or one row per block. (They are correct with any grid; teams stride
+/// over the rows.)
+pub fn row_launch_dims(ty: ScalarType, rows: usize, cols: usize) -> LaunchDims {
+    let row_bytes = cols as u64 * u64::from(ty.size());
+    let rows_per_block = match row_bytes {
+        0..=512 => BLOCK_THREADS as usize / 8,
+        513..=2048 => BLOCK_THREADS as usize / 32,
+        _ => 1,
+    };
+    LaunchDims::linear(rows.div_ceil(rows_per_block).max(1) as u32, BLOCK_THREADS)
 }
 
 /// `x · weight / sqrt(mean(x²) + eps)` for one row.
@@ -103,6 +111,16 @@ struct Shape {
     grid: Option<u32>,
 }
 
+/// A shape launched on `blocks` blocks, fewer than its rows need.
+const fn strided(rows: usize, cols: usize, scale: f64, blocks: u32) -> Shape {
+    Shape {
+        rows,
+        cols,
+        scale,
+        grid: Some(blocks),
+    }
+}
+
 const fn shape(rows: usize, cols: usize, scale: f64) -> Shape {
     Shape {
         rows,
@@ -114,8 +132,9 @@ const fn shape(rows: usize, cols: usize, scale: f64) -> Shape {
 
 /// Odd sizes take the kernels' element-by-element path; multiples of 8 their 16-byte vector
 /// path, from registers up to 4096 (f32) or 8192 (16-bit) columns and re-reading the row past
-/// that.
-const SHAPES: [Shape; 9] = [
+/// that. Rows up to 2 KiB go to lane teams, longer ones to whole blocks; the last three
+/// shapes launch fewer teams than rows.
+const SHAPES: [Shape; 11] = [
     shape(1, 1, 1.0),
     shape(3, 17, 1.0),
     shape(64, 128, 1.0),
@@ -124,12 +143,9 @@ const SHAPES: [Shape; 9] = [
     shape(3, 4099, 1.0),
     shape(16, 8192, 1.0),
     shape(2, 16384, 0.01),
-    Shape {
-        rows: 67,
-        cols: 512,
-        scale: 1.0,
-        grid: Some(8),
-    },
+    strided(100, 64, 1.0, 2),
+    strided(67, 512, 1.0, 8),
+    strided(9, 3000, 1.0, 4),
 ];
 
 /// `(abs, rel)` tolerance of one output. The kernels work in f32 and round once to the element
@@ -235,7 +251,7 @@ fn case(kind: NormKind, ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Cas
         CaseArg::Scalar(ScalarValue::U32(rows as u32)),
         CaseArg::Scalar(ScalarValue::U32(cols as u32)),
     ]);
-    let mut dims = launch_dims(rows);
+    let mut dims = row_launch_dims(ty, rows, cols);
     if let Some(blocks) = grid {
         dims.grid[0] = blocks;
     }
@@ -297,6 +313,32 @@ mod tests {
         assert_eq!(
             residual_add(ScalarType::F32, &[1.0], &[2f64.powi(-9)]),
             [1.0 + 2f64.powi(-9)]
+        );
+    }
+
+    #[test]
+    fn launch_gives_short_rows_to_lane_teams() {
+        let dims = |ty, rows, cols| row_launch_dims(ty, rows, cols).grid[0];
+        assert_eq!(
+            dims(ScalarType::Bf16, 64, 256),
+            2,
+            "512 bytes: 32 rows a block"
+        );
+        assert_eq!(
+            dims(ScalarType::F32, 64, 129),
+            8,
+            "516 bytes: 8 rows a block"
+        );
+        assert_eq!(dims(ScalarType::F32, 64, 512), 8, "2 KiB: 8 rows a block");
+        assert_eq!(
+            dims(ScalarType::Bf16, 64, 1025),
+            64,
+            "past 2 KiB: a block a row"
+        );
+        assert_eq!(dims(ScalarType::F16, 0, 7), 1, "a grid is never empty");
+        assert_eq!(
+            row_launch_dims(ScalarType::F16, 3, 7).block,
+            [BLOCK_THREADS, 1, 1]
         );
     }
 

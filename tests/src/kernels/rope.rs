@@ -134,7 +134,7 @@ const SHAPES: [Shape; 8] = [
 fn tolerance(ty: ScalarType) -> (f64, f64) {
     match ty {
         ScalarType::Bf16 => (1e-5, 2f64.powi(-8)),
-        ScalarType::F16 => (1e-5, 2f64.powi(-11)),
+        ScalarType::F16 => (1e-5, 2f64.powi(-10)),
         _ => (2e-6, 2e-6),
     }
 }

@@ -4,23 +4,14 @@
 //! Symbols: `softmax_{bf16,f16,f32}(out, x, rows, cols)`, both tensors row-major
 //! `[rows, cols]`, `out[r, i] = exp(x[r, i]) / Σ_j exp(x[r, j])`.
 //!
-//! Launch: [`launch_dims`], one block of [`BLOCK_THREADS`] per row.
+//! Launch: [`super::norm::row_launch_dims`], as for the norms (both walk rows the same way).
 
 use hkload::abi::{ScalarType, ScalarValue};
-use hkload::driver::LaunchDims;
 use rand::Rng;
 
 use crate::case::{Case, CaseArg, Expect};
 use crate::host::round_to;
-
-/// Threads in a block of the softmax kernels.
-pub const BLOCK_THREADS: u32 = 256;
-
-/// The launch the softmax kernels are written for: one block per row. (They are correct with
-/// any grid; blocks stride over the rows.)
-pub fn launch_dims(rows: usize) -> LaunchDims {
-    LaunchDims::linear(rows.max(1) as u32, BLOCK_THREADS)
-}
+use crate::kernels::norm::row_launch_dims;
 
 /// The softmax of one row, computed after subtracting the row's maximum so that no exp
 /// overflows.
@@ -65,8 +56,10 @@ const fn shape(rows: usize, cols: usize, range: f64) -> Shape {
 }
 
 /// Odd sizes take the element-by-element path; multiples of 8 the vector path, from registers
-/// up to 4096 (f32) or 8192 (16-bit) columns and re-reading the row past that.
-const SHAPES: [Shape; 10] = [
+/// up to 4096 (f32) or 8192 (16-bit) columns and re-reading the row past that. Rows up to 2 KiB
+/// go to lane teams, longer ones to whole blocks; the last three shapes launch fewer teams
+/// than rows.
+const SHAPES: [Shape; 12] = [
     shape(1, 1, 1.0),
     shape(3, 17, 4.0),
     shape(64, 128, 8.0),
@@ -76,18 +69,20 @@ const SHAPES: [Shape; 10] = [
     shape(2, 65536, 8.0),
     shape(1, 100_000, 20.0),
     Shape {
-        rows: 5,
-        cols: 2048,
-        range: 8.0,
         masked: true,
-        grid: None,
+        ..shape(5, 2048, 8.0)
     },
     Shape {
-        rows: 40,
-        cols: 520,
-        range: 8.0,
-        masked: false,
-        grid: Some(6),
+        grid: Some(2),
+        ..shape(100, 64, 8.0)
+    },
+    Shape {
+        grid: Some(2),
+        ..shape(40, 520, 8.0)
+    },
+    Shape {
+        grid: Some(4),
+        ..shape(9, 3000, 8.0)
     },
 ];
 
@@ -118,7 +113,7 @@ fn case(ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Case {
         .collect();
     let want: Vec<f64> = x.chunks(cols).flat_map(softmax).collect();
     let (abs, rel) = tolerance(ty);
-    let mut dims = launch_dims(rows);
+    let mut dims = row_launch_dims(ty, rows, cols);
     if let Some(blocks) = grid {
         dims.grid[0] = blocks;
     }
