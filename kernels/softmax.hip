@@ -8,10 +8,10 @@
 // as in PyTorch.
 //
 // Symbols: softmax_{bf16,f16,f32}(out, x, rows, cols)
-// Launch: 256 threads per block; with B = cols * sizeof(T) bytes a row, grid = ceil(rows / 32)
-// when B <= 512 (8 lanes a row), ceil(rows / 8) when B <= 2048 (32 lanes a row), else rows (a
-// block a row). Any grid is correct (teams walk the rows with a grid stride); another one only
-// costs speed.
+// Launch: 256 threads per block, each row taken by a team of L lanes, L the smallest power of
+// two from 8 to 256 with L * 64 >= cols * sizeof(T) (each lane holds at most four 16-byte
+// vectors of the row); grid = ceil(rows / (256 / L)). Any grid is correct (teams walk the rows
+// with a grid stride); another one only costs speed.
 #include "hk/hk.h"
 #include "hk/walk.h"
 

@@ -28,21 +28,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let work = tempfile::tempdir()?;
         copy_tree(&repo.join("manifests"), &work.path().join("manifests"))?;
         copy_tree(&repo.join("kernels"), &work.path().join("kernels"))?;
-        let options = options(work.path(), cores, true);
+        let compressed = options(work.path(), cores, true);
 
-        let (t, report) = timed(&options)?;
+        let (t, report) = timed(&compressed)?;
         cold.push((t, report.compiled));
-        let (t, report) = timed(&options)?;
+        let (t, report) = timed(&compressed)?;
         noop.push((t, report.compiled));
         let source = work.path().join("kernels/rmsnorm.hip");
         let text = std::fs::read_to_string(&source)?;
         std::fs::write(&source, text + "\n// touched by build_bench\n")?;
-        let (t, report) = timed(&options)?;
+        let (t, report) = timed(&compressed)?;
         one.push((t, report.compiled));
 
         let plain = options(work.path(), cores, false);
         hkpack::build(&plain)?;
-        last = Some((work, options, plain));
+        last = Some((work, compressed, plain));
     }
 
     println!("hkpack build on {cores} cores, median of {repeats} runs");

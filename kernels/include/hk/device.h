@@ -2,11 +2,11 @@
 // hardware queries a kernel needs onto clang builtins, for AMD gfx9 (wave64) and NVIDIA
 // (warp32), with no ROCm or CUDA headers: kernels are compiled with -nogpuinc / -nocudainc.
 //
-// What lives here: the keywords (__global__, __device__, __shared__, __restrict__),
+// What lives here: the keywords (__global__, __device__, __shared__; clang knows __restrict__),
 // HK_KERNEL / HK_LAUNCH_BOUNDS, thread/block indices and dims, the wave size as a constant,
 // lane and wave ids, the block barrier, the 16-bit float types with their f32 conversions,
-// and 16-byte vector loads and stores. Math is in hk/math.h, shuffles and reductions in
-// hk/reduce.h; hk/hk.h includes all three.
+// packs of elements and 16-byte vector loads and stores. Math is in hk/math.h, shuffles and
+// reductions in hk/reduce.h; hk/hk.h includes all three.
 //
 // A "wave" is AMD's wavefront (64 lanes on gfx9) or NVIDIA's warp (32 lanes).
 #pragma once
@@ -50,9 +50,9 @@
 #endif
 
 // The same, plus how many such blocks must fit on one SM / CU at once: that caps registers per
-// thread (65536 / (threads * blocks) on NVIDIA), which for memory-bound kernels trades nothing
-// and keeps ptxas from choosing a smaller count with spills. (On AMD, 4 SIMDs per CU share the
-// blocks' waves; 512 VGPRs per SIMD lane.)
+// thread (65536 / (threads * blocks) on NVIDIA; on AMD the blocks' waves share 4 SIMDs of 512
+// VGPRs a lane). Memory-bound kernels want the occupancy, and an explicit budget also keeps
+// ptxas from picking a smaller register count of its own that spills.
 #if HK_AMD
 #define HK_LAUNCH_BOUNDS_MIN_BLOCKS(threads, blocks)                    \
   __attribute__((amdgpu_flat_work_group_size(1, threads),               \

@@ -125,7 +125,10 @@ fn run() -> Result<bool, String> {
             .into_iter()
             .find(|case| bundle.manifest().kernel(&case.kernel).is_some()),
     }
-    .ok_or("no test case for the kernel to measure; name one with --kernel")?;
+    .ok_or_else(|| match &options.kernel {
+        Some(name) => format!("hk_tests has no test case for kernel `{name}`"),
+        None => "no kernel of the bundle has a test case".into(),
+    })?;
     let images = Images::read(&options.bundle, &bundle, &device, &case.kernel)?;
     println!(
         "bundle {}; kernel {} ({}); module {} ({} bytes hashed when verifying)",
@@ -241,10 +244,10 @@ impl Images {
             }
             Ok(bytes)
         };
-        let ids: Vec<EntryId> = module.entries.iter().map(|e| e.id.clone()).collect();
+        let ids: Vec<EntryId> = module.entries.iter().map(|e| e.id).collect();
         let chosen_id = hkload::select::select(device.target(), &ids)
             .chosen()
-            .map(|(id, _)| id.clone())
+            .map(|(id, _)| *id)
             .ok_or_else(|| format!("module `{}` has no code for the device", module.name))?;
         let ptx_ids: Vec<EntryId> = ids
             .into_iter()
@@ -252,7 +255,7 @@ impl Images {
             .collect();
         let ptx_id = hkload::select::select(device.target(), &ptx_ids)
             .chosen()
-            .map(|(id, _)| id.clone())
+            .map(|(id, _)| *id)
             .filter(|id| *id != chosen_id);
         let chosen_size = module
             .entries
@@ -390,14 +393,16 @@ fn cu(call: &str, result: sys::CUresult) -> Result<(), String> {
     }
 }
 
-/// One measured variant: a name, how often to run it, and the function that runs it once and
-/// returns the seconds to count.
+/// The seconds one run of a variant took, split into the phases it reports.
+type Phases = Vec<f64>;
+
+/// One measured variant: a name, how often to run it, and the function that runs it once.
 struct Variant<'a> {
     name: String,
     warmup: usize,
     reps: usize,
-    run: Box<dyn FnMut() -> Result<f64, String> + 'a>,
-    samples: Vec<f64>,
+    run: Box<dyn FnMut() -> Result<Phases, String> + 'a>,
+    samples: Vec<Phases>,
 }
 
 impl<'a> Variant<'a> {
@@ -405,7 +410,7 @@ impl<'a> Variant<'a> {
         name: impl Into<String>,
         warmup: usize,
         reps: usize,
-        run: impl FnMut() -> Result<f64, String> + 'a,
+        run: impl FnMut() -> Result<Phases, String> + 'a,
     ) -> Self {
         Self {
             name: name.into(),
@@ -416,8 +421,29 @@ impl<'a> Variant<'a> {
         }
     }
 
+    /// Statistics of whole runs.
     fn stats(&self) -> Stats {
-        Stats::of(&self.samples)
+        let totals: Vec<f64> = self
+            .samples
+            .iter()
+            .map(|phases| phases.iter().sum())
+            .collect();
+        Stats::of(&totals)
+    }
+
+    /// The median of each phase.
+    fn phase_medians(&self) -> Vec<f64> {
+        let phases = self.samples.first().map_or(0, Vec::len);
+        (0..phases)
+            .map(|i| {
+                let times: Vec<f64> = self
+                    .samples
+                    .iter()
+                    .filter_map(|s| s.get(i).copied())
+                    .collect();
+                Stats::of(&times).median
+            })
+            .collect()
     }
 }
 
@@ -472,7 +498,17 @@ struct ColdStart {
     raw: Stats,
     ptx: Option<Stats>,
     reps: (usize, usize),
+    /// Phase medians of the first three rows, named by [`HKLOAD_PHASES`] and [`RAW_PHASES`].
+    phases: [Vec<f64>; 3],
 }
+
+const HKLOAD_PHASES: [&str; 4] = [
+    "open (manifest, file maps)",
+    "choose code objects",
+    "load module (extract, verify, load)",
+    "first launch + synchronise",
+];
+const RAW_PHASES: [&str; 2] = ["load module", "first launch + synchronise"];
 
 fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
     let mut param_pointers = kernel_params(setup);
@@ -506,37 +542,61 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
         raw: variants[2].stats(),
         ptx: variants.get(3).map(Variant::stats),
         reps: (COLD_REPS, PTX_REPS),
+        phases: [0, 1, 2].map(|i| variants[i].phase_medians()),
     })
 }
 
-/// Seconds from opening the bundle to the end of the kernel's first launch through hkload.
-fn hkload_cold_start(setup: &Setup<'_>, verify_hashes: bool) -> Result<f64, String> {
-    let options = OpenOptions {
-        verify_hashes,
-        ..OpenOptions::default()
-    };
-    let start = Instant::now();
+/// Seconds to open the bundle and run the kernel once through hkload, in [`HKLOAD_PHASES`].
+fn hkload_cold_start(setup: &Setup<'_>, verify_hashes: bool) -> Result<Phases, String> {
+    let options = OpenOptions { verify_hashes };
+    let mut lap = Lap::start();
     let bundle = Bundle::open_with(setup.dir, options).map_err(text)?;
+    lap.split();
     let loaded = bundle.load(setup.device).map_err(text)?;
+    lap.split();
     let kernel = loaded.kernel(setup.kernel).map_err(text)?;
+    lap.split();
     // SAFETY: the buffers outlive the launch, which is synchronised before returning.
     unsafe { kernel.launch(&setup.tiny, StreamHandle::DEFAULT, setup.args) }.map_err(text)?;
     setup.device.synchronize().map_err(text)?;
-    let seconds = start.elapsed().as_secs_f64();
+    lap.split();
     // Unloads the module, outside the timing as for the raw variants.
     drop((kernel, loaded, bundle));
-    Ok(seconds)
+    Ok(lap.phases)
 }
 
-/// Seconds from raw `cuModuleLoadData` of `image` (in memory) to the end of the first launch.
-fn raw_cold_start(setup: &Setup<'_>, image: &[u8], params: RawArgs) -> Result<f64, String> {
-    let start = Instant::now();
+/// Seconds to load `image` (in memory) with raw `cuModuleLoadData` and run the kernel once,
+/// in [`RAW_PHASES`].
+fn raw_cold_start(setup: &Setup<'_>, image: &[u8], params: RawArgs) -> Result<Phases, String> {
+    let mut lap = Lap::start();
     let module = RawModule::load(image, &setup.symbol)?;
+    lap.split();
     raw_launch(module.function, &setup.tiny, params)?;
     synchronize()?;
-    let seconds = start.elapsed().as_secs_f64();
+    lap.split();
     drop(module);
-    Ok(seconds)
+    Ok(lap.phases)
+}
+
+/// A stopwatch that records the time since the last split.
+struct Lap {
+    last: Instant,
+    phases: Phases,
+}
+
+impl Lap {
+    fn start() -> Self {
+        Self {
+            last: Instant::now(),
+            phases: Vec::with_capacity(4),
+        }
+    }
+
+    fn split(&mut self) {
+        let now = Instant::now();
+        self.phases.push((now - self.last).as_secs_f64());
+        self.last = now;
+    }
 }
 
 /// `kernelParams` for the packed arguments: a pointer to each argument's bytes.
@@ -588,14 +648,14 @@ fn launch_overhead(setup: &Setup<'_>, images: &Images) -> Result<LaunchOverhead,
     ];
     let extra = RawArgs::Extra(extra.as_mut_ptr());
 
-    /// Times one batch of `launch`, after waiting for the queue to drain.
-    fn batch(mut launch: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+    /// The mean time per launch of one batch of `launch`, after the queue has drained.
+    fn batch(mut launch: impl FnMut() -> Result<(), String>) -> Result<Phases, String> {
         synchronize()?;
         let start = Instant::now();
         for _ in 0..LAUNCH_BATCH {
             launch()?;
         }
-        Ok(start.elapsed().as_secs_f64() / LAUNCH_BATCH as f64)
+        Ok(vec![start.elapsed().as_secs_f64() / LAUNCH_BATCH as f64])
     }
     let dims = &setup.tiny;
     let mut variants = vec![
@@ -691,6 +751,27 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
     if let Some(ptx) = cold.ptx {
         row("raw cuModuleLoadData, PTX (JIT)", ptx);
     }
+    let split = |names: &[&str], medians: &[f64]| {
+        let parts: Vec<String> = names
+            .iter()
+            .zip(medians)
+            .map(|(name, &median)| format!("{name} {}", seconds(median)))
+            .collect();
+        parts.join(", ")
+    };
+    println!("    where the time goes (phase medians):");
+    println!(
+        "      hkload, verify on:  {}",
+        split(&HKLOAD_PHASES, &cold.phases[0])
+    );
+    println!(
+        "      hkload, verify off: {}",
+        split(&HKLOAD_PHASES, &cold.phases[1])
+    );
+    println!(
+        "      raw:                {}",
+        split(&RAW_PHASES, &cold.phases[2])
+    );
     let ratio = cold.verify_on.median / cold.raw.median;
     println!(
         "    target (a): hkload (verify on) <= {COLD_TARGET:.2}x raw {}: {ratio:.2}x, {}",

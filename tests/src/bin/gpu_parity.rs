@@ -29,6 +29,9 @@ use device_case::run_case;
 
 const USAGE: &str = "usage: gpu_parity <bundle folder> [--seed N]";
 
+/// Failed cases shown per kernel; the rest are counted.
+const SHOWN_FAILURES: usize = 3;
+
 fn main() -> ExitCode {
     match run() {
         Ok(true) => ExitCode::SUCCESS,
@@ -167,17 +170,22 @@ impl std::fmt::Display for KernelReport<'_> {
         } else {
             "FAIL"
         };
-        write!(
-            f,
-            "{verdict} {:<28} {:>3}/{:<3} cases",
-            self.kernel, self.passed, self.cases
-        )?;
+        let passed = format!("{}/{}", self.passed, self.cases);
+        write!(f, "{verdict} {:<28} {passed:>7} cases", self.kernel)?;
         match self.worst {
             Some(worst) => write!(f, "  worst error {worst:.3} of tolerance")?,
             None => write!(f, "  exact")?,
         }
-        for (label, failure) in &self.failures {
+        for (label, failure) in self.failures.iter().take(SHOWN_FAILURES) {
             write!(f, "\n     {label}: {failure}")?;
+        }
+        if let Some(more) = self
+            .failures
+            .len()
+            .checked_sub(SHOWN_FAILURES)
+            .filter(|&n| n > 0)
+        {
+            write!(f, "\n     ... and {more} more failed case(s)")?;
         }
         Ok(())
     }

@@ -21,17 +21,22 @@ use crate::host::round_to;
 /// Threads in a block of every row kernel (the norms here and softmax).
 pub const BLOCK_THREADS: u32 = 256;
 
-/// The launch the row kernels (the norms here and softmax) are written for: a team of 8 lanes
-/// per row when a row holds at most 512 bytes, 32 lanes up to 2 KiB, else a whole block, so
-/// `256 / 8`, `256 / 32` or one row per block. (They are correct with any grid; teams stride
-/// over the rows.)
+/// Lanes of the team that takes one row of `row_bytes` in the row kernels: enough that each
+/// lane holds at most 64 bytes of the row, a power of two from 8 to a whole block.
+pub fn team_lanes(row_bytes: u64) -> u32 {
+    let mut lanes = 8;
+    while lanes < BLOCK_THREADS && u64::from(lanes) * 64 < row_bytes {
+        lanes *= 2;
+    }
+    lanes
+}
+
+/// The launch the row kernels (the norms here and softmax) are written for: blocks of
+/// [`BLOCK_THREADS`] holding `BLOCK_THREADS / team_lanes` teams, one row per team. (They are
+/// correct with any grid; teams stride over the rows.)
 pub fn row_launch_dims(ty: ScalarType, rows: usize, cols: usize) -> LaunchDims {
-    let row_bytes = cols as u64 * u64::from(ty.size());
-    let rows_per_block = match row_bytes {
-        0..=512 => BLOCK_THREADS as usize / 8,
-        513..=2048 => BLOCK_THREADS as usize / 32,
-        _ => 1,
-    };
+    let lanes = team_lanes(cols as u64 * u64::from(ty.size()));
+    let rows_per_block = (BLOCK_THREADS / lanes) as usize;
     LaunchDims::linear(rows.div_ceil(rows_per_block).max(1) as u32, BLOCK_THREADS)
 }
 
@@ -132,8 +137,8 @@ const fn shape(rows: usize, cols: usize, scale: f64) -> Shape {
 
 /// Odd sizes take the kernels' element-by-element path; multiples of 8 their 16-byte vector
 /// path, from registers up to 4096 (f32) or 8192 (16-bit) columns and re-reading the row past
-/// that. Rows up to 2 KiB go to lane teams, longer ones to whole blocks; the last three
-/// shapes launch fewer teams than rows.
+/// that. Teams grow from 8 lanes to a whole block with the row; the last three shapes launch
+/// fewer teams than rows (and so leave some teams idle in a block's last round).
 const SHAPES: [Shape; 11] = [
     shape(1, 1, 1.0),
     shape(3, 17, 1.0),
@@ -317,25 +322,30 @@ mod tests {
     }
 
     #[test]
-    fn launch_gives_short_rows_to_lane_teams() {
-        let dims = |ty, rows, cols| row_launch_dims(ty, rows, cols).grid[0];
+    fn launch_gives_each_lane_at_most_64_bytes_of_a_row() {
+        assert_eq!(team_lanes(2), 8);
+        assert_eq!(team_lanes(512), 8);
+        assert_eq!(team_lanes(513), 16);
+        assert_eq!(team_lanes(8192), 128);
+        assert_eq!(team_lanes(8193), 256);
         assert_eq!(
-            dims(ScalarType::Bf16, 64, 256),
+            team_lanes(1 << 30),
+            256,
+            "a block at most; longer rows go in tiles"
+        );
+        let grid = |ty, rows, cols| row_launch_dims(ty, rows, cols).grid[0];
+        assert_eq!(
+            grid(ScalarType::Bf16, 64, 256),
             2,
             "512 bytes: 32 rows a block"
         );
+        assert_eq!(grid(ScalarType::F32, 64, 1024), 16, "4 KiB: 4 rows a block");
         assert_eq!(
-            dims(ScalarType::F32, 64, 129),
-            8,
-            "516 bytes: 8 rows a block"
-        );
-        assert_eq!(dims(ScalarType::F32, 64, 512), 8, "2 KiB: 8 rows a block");
-        assert_eq!(
-            dims(ScalarType::Bf16, 64, 1025),
+            grid(ScalarType::Bf16, 64, 8192),
             64,
-            "past 2 KiB: a block a row"
+            "16 KiB: a block a row"
         );
-        assert_eq!(dims(ScalarType::F16, 0, 7), 1, "a grid is never empty");
+        assert_eq!(grid(ScalarType::F16, 0, 7), 1, "a grid is never empty");
         assert_eq!(
             row_launch_dims(ScalarType::F16, 3, 7).block,
             [BLOCK_THREADS, 1, 1]

@@ -56,9 +56,8 @@ const fn shape(rows: usize, cols: usize, range: f64) -> Shape {
 }
 
 /// Odd sizes take the element-by-element path; multiples of 8 the vector path, from registers
-/// up to 4096 (f32) or 8192 (16-bit) columns and re-reading the row past that. Rows up to 2 KiB
-/// go to lane teams, longer ones to whole blocks; the last three shapes launch fewer teams
-/// than rows.
+/// up to 4096 (f32) or 8192 (16-bit) columns and re-reading the row past that. Teams grow from
+/// 8 lanes to a whole block with the row; the last three shapes launch fewer teams than rows.
 const SHAPES: [Shape; 12] = [
     shape(1, 1, 1.0),
     shape(3, 17, 4.0),
