@@ -99,7 +99,10 @@ impl Bundle {
         let text = std::fs::read_to_string(&manifest_path).map_err(|e| Error::Io {
             path: manifest_path.clone(),
             detail: if e.kind() == std::io::ErrorKind::NotFound {
-                format!("{e}; is {} a bundle folder made by `hkpack build`?", dir.display())
+                format!(
+                    "{e}; is {} a bundle folder made by `hkpack build`?",
+                    dir.display()
+                )
             } else {
                 e.to_string()
             },
@@ -314,7 +317,7 @@ impl ModuleFile {
                 ),
             });
         }
-        offload::decompress(bytes)
+        offload::decompress(bytes, false)
             .map(|unpacked| unpacked.into_owned())
             .map_err(|source| Error::Format {
                 module: record.name.clone(),
@@ -442,7 +445,12 @@ impl LoadedBundle {
             .map(|&i| &bundle.manifest.kernels[i])
             .ok_or_else(|| Error::UnknownKernel {
                 name: symbol.to_owned(),
-                known: bundle.manifest.kernels.iter().map(|k| k.symbol.clone()).collect(),
+                known: bundle
+                    .manifest
+                    .kernels
+                    .iter()
+                    .map(|k| k.symbol.clone())
+                    .collect(),
             })?;
         let slot = self
             .inner
@@ -462,11 +470,7 @@ impl LoadedBundle {
             detail,
         })?;
         let module = self.module(slot)?;
-        let function = self
-            .inner
-            .device
-            .driver()
-            .function(module.handle, symbol)?;
+        let function = self.inner.device.driver().function(module.handle, symbol)?;
         Ok(Kernel {
             inner: Arc::new(KernelInner {
                 name: symbol.to_owned(),
@@ -483,9 +487,11 @@ impl LoadedBundle {
             .get_or_init(|| {
                 let device = &self.inner.device;
                 let image = self.inner.bundle.code_image(slot.index, &slot.entry)?;
-                let handle = device
-                    .driver()
-                    .load_module(device.ordinal(), slot.entry.image_kind(), &image)?;
+                let handle = device.driver().load_module(
+                    device.ordinal(),
+                    slot.entry.image_kind(),
+                    &image,
+                )?;
                 Ok(Arc::new(LoadedModule {
                     device: device.clone(),
                     handle,

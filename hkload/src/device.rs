@@ -29,14 +29,15 @@ impl Device {
     pub fn new(driver: Arc<dyn Driver>, ordinal: usize) -> Result<Self> {
         let devices = driver.devices()?;
         let count = devices.len();
-        let info = devices
-            .into_iter()
-            .find(|d| d.ordinal == ordinal)
-            .ok_or(Error::NoSuchDevice {
-                api: driver.api(),
-                ordinal,
-                count,
-            })?;
+        let info =
+            devices
+                .into_iter()
+                .find(|d| d.ordinal == ordinal)
+                .ok_or(Error::NoSuchDevice {
+                    api: driver.api(),
+                    ordinal,
+                    count,
+                })?;
         Ok(Self { driver, info })
     }
 
@@ -58,12 +59,12 @@ impl Device {
 
     /// Device memory for `len` elements of `elem`, uninitialised.
     pub fn alloc(&self, elem: ScalarType, len: usize) -> Result<DeviceBuffer> {
-        let bytes = len
-            .checked_mul(elem.size() as usize)
-            .ok_or_else(|| Error::Driver(crate::driver::DriverError::Call {
+        let bytes = len.checked_mul(elem.size() as usize).ok_or_else(|| {
+            Error::Driver(crate::driver::DriverError::Call {
                 call: "alloc",
                 detail: format!("{len} elements of {elem} overflow the address space"),
-            }))?;
+            })
+        })?;
         let ptr = self.driver.alloc(self.ordinal(), bytes)?;
         Ok(DeviceBuffer {
             device: self.clone(),
@@ -96,7 +97,11 @@ pub struct DeviceBuffer {
 
 impl std::fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceBuffer({} x {} at {:#x})", self.len, self.elem, self.ptr.0)
+        write!(
+            f,
+            "DeviceBuffer({} x {} at {:#x})",
+            self.len, self.elem, self.ptr.0
+        )
     }
 }
 

@@ -356,7 +356,11 @@ pub fn compress(bundle: &[u8], level: i32) -> Result<Vec<u8>, FormatError> {
 
 /// If `bytes` is a CCOB, decompresses it (versions 1, 2 and 3; zstd only), checking every
 /// header field against the file and the result. Otherwise returns the bytes borrowed.
-pub fn decompress(bytes: &[u8]) -> Result<Cow<'_, [u8]>, FormatError> {
+///
+/// `verify_md5` also checks the header's MD5 prefix, which costs more than the decompression
+/// itself. LLVM never checks it on load; hkload skips it because a module file's SHA-256,
+/// checked before, already covers every byte.
+pub fn decompress(bytes: &[u8], verify_md5: bool) -> Result<Cow<'_, [u8]>, FormatError> {
     if !is_compressed(bytes) {
         return Ok(Cow::Borrowed(bytes));
     }
@@ -378,7 +382,8 @@ pub fn decompress(bytes: &[u8]) -> Result<Cow<'_, [u8]>, FormatError> {
         detail: error.to_string(),
     };
     let decoder = zstd::stream::read::Decoder::with_buffer(payload).map_err(corrupt)?;
-    let mut bundle = Vec::new();
+    // The size is capped above, so reserving it up front is safe and saves regrowing.
+    let mut bundle = Vec::with_capacity(declared as usize);
     decoder
         .take(declared.saturating_add(1))
         .read_to_end(&mut bundle)
@@ -391,12 +396,14 @@ pub fn decompress(bytes: &[u8]) -> Result<Cow<'_, [u8]>, FormatError> {
         return Err(FormatError::UncompressedTooShort { declared, actual });
     }
 
-    let actual_hash = md5_prefix(&bundle);
-    if actual_hash != header.hash {
-        return Err(FormatError::HashMismatch {
-            recorded: header.hash,
-            actual: actual_hash,
-        });
+    if verify_md5 {
+        let actual = md5_prefix(&bundle);
+        if actual != header.hash {
+            return Err(FormatError::HashMismatch {
+                recorded: header.hash,
+                actual,
+            });
+        }
     }
     Ok(Cow::Owned(bundle))
 }
@@ -948,12 +955,12 @@ mod tests {
     }
 
     fn decompress_err(bytes: &[u8]) -> FormatError {
-        decompress(bytes).unwrap_err()
+        decompress(bytes, true).unwrap_err()
     }
 
     /// What hkload does with a file: decompress if needed, then parse.
     fn load(bytes: &[u8]) -> Result<usize, FormatError> {
-        let bundle = decompress(bytes)?;
+        let bundle = decompress(bytes, true)?;
         Ok(OffloadBundle::parse(&bundle)?.entries().len())
     }
 
@@ -1098,7 +1105,7 @@ mod tests {
             "a zstd frame follows the header"
         );
         assert!(is_compressed(&file));
-        assert_eq!(decompress(&file).unwrap(), bundle.as_slice());
+        assert_eq!(decompress(&file, true).unwrap(), bundle.as_slice());
     }
 
     #[test]
@@ -1107,7 +1114,7 @@ mod tests {
         for version in 1..=3 {
             let file = ccob_file(version, &bundle);
             let decompressed =
-                decompress(&file).unwrap_or_else(|e| panic!("version {version}: {e}"));
+                decompress(&file, true).unwrap_or_else(|e| panic!("version {version}: {e}"));
             assert!(matches!(decompressed, Cow::Owned(_)));
             assert_eq!(decompressed, bundle.as_slice(), "version {version}");
         }
@@ -1117,11 +1124,11 @@ mod tests {
     fn plain_bytes_pass_through_borrowed() {
         let bundle = sample();
         assert!(!is_compressed(&bundle));
-        match decompress(&bundle).unwrap() {
+        match decompress(&bundle, true).unwrap() {
             Cow::Borrowed(bytes) => assert!(std::ptr::eq(bytes, bundle.as_slice())),
             Cow::Owned(_) => panic!("an uncompressed bundle must not be copied"),
         }
-        assert!(matches!(decompress(b"").unwrap(), Cow::Borrowed(b"")));
+        assert!(matches!(decompress(b"", true).unwrap(), Cow::Borrowed(b"")));
     }
 
     #[test]
@@ -1841,7 +1848,7 @@ mod tests {
                 run(bundler, &args, envs);
                 let file = std::fs::read(&output).unwrap();
                 assert_eq!(is_compressed(&file), name != "plain", "{name}");
-                let bytes = decompress(&file).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let bytes = decompress(&file, true).unwrap_or_else(|e| panic!("{name}: {e}"));
                 let bundle = OffloadBundle::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
                 let ids: Vec<&str> = bundle.entries().iter().map(|e| e.id).collect();
                 assert_eq!(ids, [HOST, GFX90A, GFX942], "{name}");

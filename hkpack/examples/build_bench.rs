@@ -17,7 +17,9 @@ use hkpack::{BuildOptions, BuildReport};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let repeats: usize = std::env::args().nth(1).map_or(Ok(3), |a| a.parse())?;
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().ok_or("no workspace")?;
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .ok_or("no workspace")?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
 
     let mut cold = Vec::new();
@@ -47,7 +49,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!("hkpack build on {cores} cores, median of {repeats} runs");
     println!("{:<22} {:>10} {:>10}", "build", "time (s)", "compiled");
-    for (name, runs) in [("cold, empty cache", &mut cold), ("no-op rebuild", &mut noop), ("one module touched", &mut one)] {
+    for (name, runs) in [
+        ("cold, empty cache", &mut cold),
+        ("no-op rebuild", &mut noop),
+        ("one module touched", &mut one),
+    ] {
         runs.sort();
         let (time, compiled) = runs[runs.len() / 2];
         println!("{name:<22} {:>10.3} {compiled:>10}", time.as_secs_f64());
@@ -56,7 +62,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (_work, compressed, plain) = last.ok_or("no run")?;
     let bundle = |o: &BuildOptions| o.out_dir.join("hk-kernels-0.1.0");
     println!();
-    println!("{:<20} {:>12} {:>12} {:>7}", "module file", "plain (B)", "zstd (B)", "ratio");
+    println!(
+        "{:<20} {:>12} {:>12} {:>7}",
+        "module file", "plain (B)", "zstd (B)", "ratio"
+    );
     let (mut total_plain, mut total_zstd) = (0, 0);
     let mut names: Vec<_> = std::fs::read_dir(bundle(&plain))?
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
@@ -67,7 +76,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let z = std::fs::metadata(bundle(&compressed).join(&name))?.len();
         total_plain += p;
         total_zstd += z;
-        println!("{name:<20} {p:>12} {z:>12} {:>6.1}%", 100.0 * z as f64 / p as f64);
+        println!(
+            "{name:<20} {p:>12} {z:>12} {:>6.1}%",
+            100.0 * z as f64 / p as f64
+        );
     }
     println!(
         "{:<20} {total_plain:>12} {total_zstd:>12} {:>6.1}%",

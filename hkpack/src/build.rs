@@ -141,7 +141,7 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
         modules: per_module,
         compress: options.compress,
     };
-    let (bundle, bundle_bytes) = package::write(&contents, &options.out_dir)?;
+    let (bundle, bundle_bytes) = package::write(&contents, &options.out_dir, &cache)?;
     let ptx_only = match toolchain.ptxas {
         Some(_) => Vec::new(),
         None => targets
@@ -168,8 +168,7 @@ fn progress_bar(wanted: bool, len: u64) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stdout());
-    if let Ok(style) =
-        ProgressStyle::with_template("{prefix:>9} [{bar:30}] {pos}/{len} {wide_msg}")
+    if let Ok(style) = ProgressStyle::with_template("{prefix:>9} [{bar:30}] {pos}/{len} {wide_msg}")
     {
         bar.set_style(style.progress_chars("=> "));
     }

@@ -68,7 +68,7 @@ impl Identity {
 
 impl Cache {
     pub fn open(dir: &Path) -> Result<Self, CacheError> {
-        for sub in ["deps", "objects", "tmp"] {
+        for sub in ["deps", "objects", "derived", "tmp"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(io_error(dir))?;
         }
         Ok(Self {
@@ -131,6 +131,31 @@ impl Cache {
                 .as_bytes(),
         )?;
         Ok(dest)
+    }
+
+    /// `make(input)`'s result, computed once per distinct `(what, input)` and then read back:
+    /// for slow, deterministic steps after compiling, such as compressing a module bundle.
+    pub fn derived<E: From<CacheError>>(
+        &self,
+        what: &str,
+        input: &[u8],
+        make: impl FnOnce(&[u8]) -> Result<Vec<u8>, E>,
+    ) -> Result<Vec<u8>, E> {
+        let mut hasher = Sha256::new();
+        hasher.update(CACHE_VERSION);
+        hasher.update((what.len() as u64).to_le_bytes());
+        hasher.update(what);
+        hasher.update(input);
+        let path = self
+            .dir
+            .join("derived")
+            .join(hkload::bundle::hex(&hasher.finalize()));
+        if let Ok(bytes) = std::fs::read(&path) {
+            return Ok(bytes);
+        }
+        let bytes = make(input)?;
+        self.write_atomically(&path, &bytes)?;
+        Ok(bytes)
     }
 
     fn key(
@@ -199,13 +224,19 @@ mod tests {
         // A new process (fresh memo) finds it; another identity does not.
         let cache = Cache::open(&root.path().join("cache")).unwrap();
         assert_eq!(cache.lookup(&identity, &base), Some(dir));
-        assert_eq!(cache.lookup(&Identity::new(["clang 22", "gfx90a"]), &base), None);
+        assert_eq!(
+            cache.lookup(&Identity::new(["clang 22", "gfx90a"]), &base),
+            None
+        );
 
         std::fs::write(base.join("h.h"), "header v2").unwrap();
         let cache = Cache::open(&root.path().join("cache")).unwrap();
         assert_eq!(cache.lookup(&identity, &base), None);
         assert!(
-            std::fs::read_dir(root.path().join("cache/tmp")).unwrap().next().is_none(),
+            std::fs::read_dir(root.path().join("cache/tmp"))
+                .unwrap()
+                .next()
+                .is_none(),
             "no scratch folder is left behind"
         );
     }

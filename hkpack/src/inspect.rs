@@ -66,7 +66,15 @@ pub fn rows(bundle: &Bundle) -> Vec<Row> {
 /// The rows as an aligned text table.
 pub fn table(rows: &[Row]) -> String {
     let header = [
-        "module", "target", "kernel", "code", "registers", "lds", "scratch", "spills", "wave",
+        "module",
+        "target",
+        "kernel",
+        "code",
+        "registers",
+        "lds",
+        "scratch",
+        "spills",
+        "wave",
     ]
     .map(String::from);
     let cells: Vec<[String; 9]> = rows
@@ -98,7 +106,13 @@ pub fn table(rows: &[Row]) -> String {
             .zip(widths)
             .enumerate()
             // Names left-aligned, numbers right-aligned.
-            .map(|(i, (cell, w))| if i < 3 { format!("{cell:<w$}") } else { format!("{cell:>w$}") })
+            .map(|(i, (cell, w))| {
+                if i < 3 {
+                    format!("{cell:<w$}")
+                } else {
+                    format!("{cell:>w$}")
+                }
+            })
             .collect();
         out.push_str(line.join("  ").trim_end());
         out.push('\n');

@@ -108,14 +108,21 @@ impl Job<'_> {
                 format!("-mcode-object-version={}", package.code_object_version),
             ])
             .collect(),
-            TargetId::Nvidia(_) => ["-x", "cuda", "--cuda-device-only", "-nocudainc", "-nocudalib", "-S"]
-                .map(String::from)
-                .into_iter()
-                .chain([
-                    format!("--cuda-gpu-arch={}", self.target),
-                    format!("--cuda-feature={PTX_FEATURE}"),
-                ])
-                .collect(),
+            TargetId::Nvidia(_) => [
+                "-x",
+                "cuda",
+                "--cuda-device-only",
+                "-nocudainc",
+                "-nocudalib",
+                "-S",
+            ]
+            .map(String::from)
+            .into_iter()
+            .chain([
+                format!("--cuda-gpu-arch={}", self.target),
+                format!("--cuda-feature={PTX_FEATURE}"),
+            ])
+            .collect(),
         };
         args.extend(["-std=c++17", "-O3"].map(String::from));
         for dir in &package.include_dirs {
@@ -195,7 +202,10 @@ impl Job<'_> {
         if output.status.success() {
             Ok(stderr)
         } else {
-            Err(failure(output.status.to_string(), stderr.trim_end().to_owned()))
+            Err(failure(
+                output.status.to_string(),
+                stderr.trim_end().to_owned(),
+            ))
         }
     }
 }

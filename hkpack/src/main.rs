@@ -89,9 +89,9 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
             let options = BuildOptions {
                 manifests: args.manifests,
                 targets: args.arch,
-                jobs: args.jobs.unwrap_or_else(|| {
-                    std::thread::available_parallelism().map_or(1, |n| n.get())
-                }),
+                jobs: args
+                    .jobs
+                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
                 out_dir: args.out,
                 cache_dir: args.cache_dir,
                 compress: !args.no_compress,

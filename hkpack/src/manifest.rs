@@ -169,7 +169,11 @@ impl SourceFile {
     /// A path written in this manifest, which must exist relative to the manifest's folder.
     /// It is returned as written: every manifest lives in the package's manifests folder, and
     /// the compiler runs there, so relative paths keep cache keys the same in every checkout.
-    fn existing_path(&self, written: &Spanned<String>, what: &str) -> Result<PathBuf, ManifestError> {
+    fn existing_path(
+        &self,
+        written: &Spanned<String>,
+        what: &str,
+    ) -> Result<PathBuf, ManifestError> {
         let dir = self.path.parent().unwrap_or(Path::new("."));
         let path = dir.join(written.get_ref());
         if path.exists() {
@@ -177,7 +181,11 @@ impl SourceFile {
         } else {
             Err(self.error(
                 written.span(),
-                format!("{what} `{}` does not exist (looked for {})", written.get_ref(), path.display()),
+                format!(
+                    "{what} `{}` does not exist (looked for {})",
+                    written.get_ref(),
+                    path.display()
+                ),
             ))
         }
     }
@@ -217,7 +225,10 @@ impl Package {
         let version = raw.version.get_ref().parse().map_err(|e| {
             file.error(
                 raw.version.span(),
-                format!("version `{}` is not semver (e.g. 1.2.3): {e}", raw.version.get_ref()),
+                format!(
+                    "version `{}` is not semver (e.g. 1.2.3): {e}",
+                    raw.version.get_ref()
+                ),
             )
         })?;
         let targets = unique_targets(&file, raw.targets.get_ref())?;

@@ -14,6 +14,7 @@ use hkload::offload;
 use hkload::target::{EntryId, TargetId};
 use sha2::{Digest, Sha256};
 
+use crate::cache::{Cache, CacheError};
 use crate::manifest::{Module, Package};
 
 /// zstd level for module files: bundles are built once and loaded many times, so spend the
@@ -48,6 +49,8 @@ pub struct BundleContents<'p> {
 pub enum PackageError {
     #[error("cannot write {}: {detail}", path.display())]
     Io { path: PathBuf, detail: String },
+    #[error(transparent)]
+    Cache(#[from] CacheError),
     #[error("module `{module}`: {source}")]
     Format {
         module: String,
@@ -64,8 +67,13 @@ fn io_error(path: &Path) -> impl Fn(std::io::Error) -> PackageError + '_ {
 }
 
 /// Writes the bundle into `out/<name>-<version>/` and returns that folder and its total size.
-/// If the folder already holds exactly these bytes it is left untouched.
-pub fn write(contents: &BundleContents<'_>, out: &Path) -> Result<(PathBuf, u64), PackageError> {
+/// If the folder already holds exactly these bytes it is left untouched. Compressed module
+/// files come from `cache` when the same bundle was compressed before.
+pub fn write(
+    contents: &BundleContents<'_>,
+    out: &Path,
+    cache: &Cache,
+) -> Result<(PathBuf, u64), PackageError> {
     std::fs::create_dir_all(out).map_err(io_error(out))?;
     let staging = tempfile::Builder::new()
         .prefix(".staging-")
@@ -85,7 +93,7 @@ pub fn write(contents: &BundleContents<'_>, out: &Path) -> Result<(PathBuf, u64)
     };
     let mut files = Vec::new();
     for (module, code) in &contents.modules {
-        let (record, bytes) = module_file(module, code, contents.compress)?;
+        let (record, bytes) = module_file(module, code, contents.compress, cache)?;
         manifest.modules.push(record);
         files.push((format!("{}.{MODULE_EXTENSION}", module.name), bytes));
         manifest.kernels.extend(kernel_records(module, code));
@@ -110,6 +118,7 @@ fn module_file(
     module: &Module,
     code: &[TargetCode],
     compress: bool,
+    cache: &Cache,
 ) -> Result<(ModuleRecord, Vec<u8>), PackageError> {
     let images: Vec<(String, &[u8])> = code
         .iter()
@@ -123,7 +132,9 @@ fn module_file(
     };
     let plain = offload::write_bundle(&borrowed).map_err(format)?;
     let bytes = if compress {
-        offload::compress(&plain, ZSTD_LEVEL).map_err(format)?
+        cache.derived(&format!("ccob-zstd-{ZSTD_LEVEL}"), &plain, |plain| {
+            offload::compress(plain, ZSTD_LEVEL).map_err(format)
+        })?
     } else {
         plain
     };
@@ -173,9 +184,9 @@ fn holds_exactly(dir: &Path, files: &[(String, Vec<u8>)]) -> bool {
         return false;
     };
     listing.count() == files.len()
-        && files
-            .iter()
-            .all(|(name, bytes)| std::fs::read(dir.join(name)).is_ok_and(|on_disk| on_disk == *bytes))
+        && files.iter().all(|(name, bytes)| {
+            std::fs::read(dir.join(name)).is_ok_and(|on_disk| on_disk == *bytes)
+        })
 }
 
 /// Moves the finished `staging` folder to `dest`, replacing what was there. Each step is a

@@ -120,7 +120,12 @@ fn find_clang(explicit: Option<&Path>) -> Result<PathBuf, ToolchainError> {
         .flatten()
         .filter_map(|entry| {
             let entry = entry.ok()?;
-            let version = entry.file_name().to_str()?.strip_prefix("llvm-")?.parse().ok()?;
+            let version = entry
+                .file_name()
+                .to_str()?
+                .strip_prefix("llvm-")?
+                .parse()
+                .ok()?;
             let clang = entry.path().join("bin/clang");
             clang.is_file().then_some((version, clang))
         })

@@ -19,18 +19,37 @@ pub enum Expect {
     /// must be in range, unique in its row, and select an input equal to the value the kernel
     /// reported at the same place (`values`, the kernel's own value output, checked separately),
     /// so ties may be broken either way.
-    TopKIndices { input: Vec<f64>, row_len: usize, k: usize, values_arg: usize },
+    TopKIndices {
+        input: Vec<f64>,
+        row_len: usize,
+        k: usize,
+        values_arg: usize,
+    },
 }
 
 /// One argument of the launch.
 #[derive(Debug, Clone)]
 pub enum CaseArg {
     /// A device buffer filled with `data` (already rounded to `elem`).
-    Input { name: &'static str, elem: ScalarType, data: Vec<f64> },
+    Input {
+        name: &'static str,
+        elem: ScalarType,
+        data: Vec<f64>,
+    },
     /// A device buffer of `len` elements, poisoned before the launch.
-    Output { name: &'static str, elem: ScalarType, len: usize, expect: Expect },
+    Output {
+        name: &'static str,
+        elem: ScalarType,
+        len: usize,
+        expect: Expect,
+    },
     /// A device buffer filled with `data` that the kernel updates in place.
-    InOut { name: &'static str, elem: ScalarType, data: Vec<f64>, expect: Expect },
+    InOut {
+        name: &'static str,
+        elem: ScalarType,
+        data: Vec<f64>,
+        expect: Expect,
+    },
     /// A value passed by copy.
     Scalar(ScalarValue),
 }
@@ -116,8 +135,16 @@ fn check_one(
                 }
             }
         }
-        Expect::TopKIndices { input, row_len, k, values_arg } => {
-            let values = outputs.get(*values_arg).and_then(Option::as_deref).unwrap_or(&[]);
+        Expect::TopKIndices {
+            input,
+            row_len,
+            k,
+            values_arg,
+        } => {
+            let values = outputs
+                .get(*values_arg)
+                .and_then(Option::as_deref)
+                .unwrap_or(&[]);
             compare_len(name, got.len(), values.len())?;
             for (row, (indices, vals)) in got.chunks(*k).zip(values.chunks(*k)).enumerate() {
                 let mut seen = std::collections::HashSet::new();
@@ -135,7 +162,13 @@ fn check_one(
     }
     match first {
         None => Ok(()),
-        Some((index, got, want)) => Err(Mismatch { arg: name, index, got, want, count }),
+        Some((index, got, want)) => Err(Mismatch {
+            arg: name,
+            index,
+            got,
+            want,
+            count,
+        }),
     }
 }
 
@@ -160,24 +193,41 @@ mod tests {
         Case {
             kernel: "k".into(),
             label: String::new(),
-            args: vec![CaseArg::Output { name: "out", elem: ScalarType::F32, len: 2, expect }],
+            args: vec![CaseArg::Output {
+                name: "out",
+                elem: ScalarType::F32,
+                len: 2,
+                expect,
+            }],
             dims: LaunchDims::linear(1, 1),
         }
     }
 
     #[test]
     fn close_accepts_tolerance_and_refuses_nan() {
-        let c = case(Expect::Close { want: vec![1.0, 2.0], abs: 0.0, rel: 1e-3 });
+        let c = case(Expect::Close {
+            want: vec![1.0, 2.0],
+            abs: 0.0,
+            rel: 1e-3,
+        });
         assert!(c.check(&[Some(vec![1.0005, 2.0])]).is_ok());
         let err = c.check(&[Some(vec![1.0, f64::NAN])]).unwrap_err();
         assert_eq!((err.index, err.count), (1, 1));
-        assert!(c.check(&[Some(vec![1.0])]).is_err(), "short output must fail");
+        assert!(
+            c.check(&[Some(vec![1.0])]).is_err(),
+            "short output must fail"
+        );
     }
 
     #[test]
     fn topk_indices_allow_ties_but_not_repeats() {
         let input = vec![5.0, 7.0, 7.0, 1.0];
-        let mut c = case(Expect::TopKIndices { input, row_len: 4, k: 2, values_arg: 1 });
+        let mut c = case(Expect::TopKIndices {
+            input,
+            row_len: 4,
+            k: 2,
+            values_arg: 1,
+        });
         c.args.push(CaseArg::Output {
             name: "values",
             elem: ScalarType::F32,

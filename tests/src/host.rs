@@ -79,12 +79,20 @@ mod tests {
             let rounded: Vec<f64> = xs.iter().map(|&x| round_to(ty, x)).collect();
             assert_eq!(decode(ty, &encode(ty, &rounded)), rounded, "{ty}");
         }
-        assert_eq!(decode(ScalarType::I32, &encode(ScalarType::I32, &[-7.0])), [-7.0]);
+        assert_eq!(
+            decode(ScalarType::I32, &encode(ScalarType::I32, &[-7.0])),
+            [-7.0]
+        );
     }
 
     #[test]
     fn poison_is_nan_in_every_float_type() {
-        for ty in [ScalarType::Bf16, ScalarType::F16, ScalarType::F32, ScalarType::F64] {
+        for ty in [
+            ScalarType::Bf16,
+            ScalarType::F16,
+            ScalarType::F32,
+            ScalarType::F64,
+        ] {
             let poisoned = vec![POISON_BYTE; ty.size() as usize];
             assert!(decode(ty, &poisoned)[0].is_nan(), "{ty}");
         }

@@ -67,7 +67,11 @@ fn llvm_tools_agree_with_our_bundles() {
                 .arg(format!("--input={}", file.display()))
                 .output()
                 .unwrap();
-            assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+            assert!(
+                listed.status.success(),
+                "{}",
+                String::from_utf8_lossy(&listed.stderr)
+            );
             let listed: BTreeSet<String> = String::from_utf8(listed.stdout)
                 .unwrap()
                 .lines()
@@ -83,7 +87,9 @@ fn llvm_tools_agree_with_our_bundles() {
                 .map(|k| k.symbol.as_str())
                 .collect();
             for entry in &module.entries {
-                let EntryId::AmdCodeObject(_) = entry.id else { continue };
+                let EntryId::AmdCodeObject(_) = entry.id else {
+                    continue;
+                };
                 let out = scratch.path().join("entry.co");
                 let status = Command::new(&bundler)
                     .args(["--unbundle", "--type=o"])
@@ -95,7 +101,11 @@ fn llvm_tools_agree_with_our_bundles() {
                 assert!(status.success());
                 let bytes = std::fs::read(&out).unwrap();
                 assert_eq!(hkload::bundle::hex(&Sha256::digest(&bytes)), entry.sha256);
-                let notes = Command::new(&readelf).arg("--notes").arg(&out).output().unwrap();
+                let notes = Command::new(&readelf)
+                    .arg("--notes")
+                    .arg(&out)
+                    .output()
+                    .unwrap();
                 let notes = String::from_utf8_lossy(&notes.stdout);
                 for kernel in &kernels {
                     assert!(
@@ -126,7 +136,10 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
         .unwrap()
         .map(|e| {
             let e = e.unwrap();
-            (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
         })
         .collect();
     files.sort();
@@ -137,7 +150,10 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
 fn editing_one_source_rebuilds_only_its_module_and_a_header_rebuilds_all() {
     let package = TempPackage::new(
         &["gfx942", "sm_90"],
-        &[("scale", SCALE_SOURCE, SCALE_MANIFEST), ("offset", OFFSET_SOURCE, OFFSET_MANIFEST)],
+        &[
+            ("scale", SCALE_SOURCE, SCALE_MANIFEST),
+            ("offset", OFFSET_SOURCE, OFFSET_MANIFEST),
+        ],
     );
     let first = build_ok(&package.options());
     assert_eq!((first.jobs, first.compiled), (4, 4));
@@ -161,7 +177,10 @@ fn editing_one_source_rebuilds_only_its_module_and_a_header_rebuilds_all() {
 fn two_builds_sharing_a_cache_both_succeed() {
     let package = TempPackage::new(
         &["gfx90a", "gfx942", "sm_80"],
-        &[("scale", SCALE_SOURCE, SCALE_MANIFEST), ("offset", OFFSET_SOURCE, OFFSET_MANIFEST)],
+        &[
+            ("scale", SCALE_SOURCE, SCALE_MANIFEST),
+            ("offset", OFFSET_SOURCE, OFFSET_MANIFEST),
+        ],
     );
     let reports = std::thread::scope(|s| {
         let a = s.spawn(|| hkpack::build(&package.options()));
@@ -173,7 +192,12 @@ fn two_builds_sharing_a_cache_both_succeed() {
     }
     let bundle = Bundle::open(package.path("dist/mini-0.1.0")).unwrap();
     assert_eq!(bundle.manifest().modules.len(), 2);
-    assert!(std::fs::read_dir(package.path("cache/tmp")).unwrap().next().is_none());
+    assert!(
+        std::fs::read_dir(package.path("cache/tmp"))
+            .unwrap()
+            .next()
+            .is_none()
+    );
 }
 
 fn build_err(package: &TempPackage) -> String {
@@ -195,7 +219,10 @@ fn manifest_errors_name_the_file_and_line() {
         ),
         (
             "[module]\nname = \"scale\"\nsource = \"../kernels/nope.hip\"\n",
-            &["scale.toml:3:10", "source file `../kernels/nope.hip` does not exist"],
+            &[
+                "scale.toml:3:10",
+                "source file `../kernels/nope.hip` does not exist",
+            ],
         ),
         (
             &format!("{SCALE_MANIFEST}\n[target.gfx1234]\nflags = []\n"),
@@ -210,14 +237,22 @@ fn manifest_errors_name_the_file_and_line() {
             &["scale.toml:8:43", "unknown type `float`"],
         ),
         (
-            &SCALE_MANIFEST.replace("\"scale\"\n\n", "\"offset\"\n\n").replace("symbol = \"scale\"", "symbol = \"offset\""),
-            &["kernel `offset` is also declared by module `offset`", "symbols must be unique"],
+            &SCALE_MANIFEST
+                .replace("\"scale\"\n\n", "\"offset\"\n\n")
+                .replace("symbol = \"scale\"", "symbol = \"offset\""),
+            &[
+                "kernel `offset` is also declared by module `offset`",
+                "symbols must be unique",
+            ],
         ),
     ];
     for (manifest, expected) in cases {
         let package = TempPackage::new(
             &["gfx942"],
-            &[("scale", SCALE_SOURCE, manifest), ("offset", OFFSET_SOURCE, OFFSET_MANIFEST)],
+            &[
+                ("scale", SCALE_SOURCE, manifest),
+                ("offset", OFFSET_SOURCE, OFFSET_MANIFEST),
+            ],
         );
         assert_contains(&build_err(&package), expected);
     }
@@ -225,16 +260,28 @@ fn manifest_errors_name_the_file_and_line() {
 
 #[test]
 fn package_errors_name_the_file_and_line() {
-    let package = TempPackage::new(&["gfx942", "sm_75x"], &[("scale", SCALE_SOURCE, SCALE_MANIFEST)]);
-    assert_contains(&build_err(&package), &["package.toml:4:22", "unknown target", "sm_75x"]);
+    let package = TempPackage::new(
+        &["gfx942", "sm_75x"],
+        &[("scale", SCALE_SOURCE, SCALE_MANIFEST)],
+    );
+    assert_contains(
+        &build_err(&package),
+        &["package.toml:4:22", "unknown target", "sm_75x"],
+    );
 
     let package = TempPackage::new(&["gfx942"], &[("scale", SCALE_SOURCE, SCALE_MANIFEST)]);
     let path = package.manifests().join("package.toml");
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, text.replace("0.1.0", "one")).unwrap();
-    assert_contains(&build_err(&package), &["package.toml:3:11", "version `one` is not semver"]);
+    assert_contains(
+        &build_err(&package),
+        &["package.toml:3:11", "version `one` is not semver"],
+    );
     std::fs::write(&path, text.replace("= 5", "= 3")).unwrap();
-    assert_contains(&build_err(&package), &["package.toml:5", "code object version 3"]);
+    assert_contains(
+        &build_err(&package),
+        &["package.toml:5", "code object version 3"],
+    );
 }
 
 #[test]
@@ -242,15 +289,21 @@ fn signature_mismatches_fail_naming_kernel_target_and_argument() {
     let cases: [(String, &[&str]); 5] = [
         (
             SCALE_MANIFEST.replace("\"a: f32\"", "\"a: f64\""),
-            &["kernel `scale` on gfx942: argument 2 `a: f64` is declared 8 bytes but compiled as 4 bytes"],
+            &[
+                "kernel `scale` on gfx942: argument 2 `a: f64` is declared 8 bytes but compiled as 4 bytes",
+            ],
         ),
         (
             SCALE_MANIFEST.replace("\"a: f32\"", "\"a: *const f32\""),
-            &["kernel `scale` on gfx942: argument 2 `a: *const f32` is declared as a pointer but compiled as a value"],
+            &[
+                "kernel `scale` on gfx942: argument 2 `a: *const f32` is declared as a pointer but compiled as a value",
+            ],
         ),
         (
             SCALE_MANIFEST.replace(", \"n: u32\"", ""),
-            &["kernel `scale` on gfx942: the manifest declares 3 arguments, the compiled kernel takes 4"],
+            &[
+                "kernel `scale` on gfx942: the manifest declares 3 arguments, the compiled kernel takes 4",
+            ],
         ),
         (
             SCALE_MANIFEST.replace("symbol = \"scale\"", "symbol = \"scale2\""),
@@ -258,7 +311,10 @@ fn signature_mismatches_fail_naming_kernel_target_and_argument() {
         ),
         (
             format!("{SCALE_MANIFEST}\n[[kernel]]\nsymbol = \"gone\"\nargs = []\n"),
-            &["kernel `gone` is declared in", "has no such kernel (it has: scale)"],
+            &[
+                "kernel `gone` is declared in",
+                "has no such kernel (it has: scale)",
+            ],
         ),
     ];
     for (manifest, expected) in cases {
@@ -268,7 +324,10 @@ fn signature_mismatches_fail_naming_kernel_target_and_argument() {
     // NVIDIA is checked too: the same mismatch reported for sm_90 alone.
     let manifest = SCALE_MANIFEST.replace("\"a: f32\"", "\"a: f64\"");
     let package = TempPackage::new(&["sm_90"], &[("scale", SCALE_SOURCE, &manifest)]);
-    assert_contains(&build_err(&package), &["kernel `scale` on sm_90: argument 2 `a: f64`"]);
+    assert_contains(
+        &build_err(&package),
+        &["kernel `scale` on sm_90: argument 2 `a: f64`"],
+    );
 }
 
 #[test]
@@ -277,7 +336,12 @@ fn a_compile_error_shows_the_diagnostics_under_the_job() {
     let package = TempPackage::new(&["gfx942", "sm_90"], &[("scale", &broken, SCALE_MANIFEST)]);
     assert_contains(
         &build_err(&package),
-        &["2 of the build's jobs failed", "scale for gfx942:", "scale for sm_90:", "use of undeclared identifier 'missing_name'"],
+        &[
+            "2 of the build's jobs failed",
+            "scale for gfx942:",
+            "scale for sm_90:",
+            "use of undeclared identifier 'missing_name'",
+        ],
     );
 }
 
@@ -285,8 +349,14 @@ fn a_compile_error_shows_the_diagnostics_under_the_job() {
 fn toolchain_errors_say_what_to_do() {
     let package = TempPackage::new(&["gfx942"], &[("scale", SCALE_SOURCE, SCALE_MANIFEST)]);
     let mut options = package.options();
-    options.tools = ToolPaths { clang: Some(package.path("no/clang")), ptxas: None };
-    assert_contains(&build_err_with(&package, &options), &["no/clang (from --clang) does not exist"]);
+    options.tools = ToolPaths {
+        clang: Some(package.path("no/clang")),
+        ptxas: None,
+    };
+    assert_contains(
+        &build_err_with(&package, &options),
+        &["no/clang (from --clang) does not exist"],
+    );
 
     // A "clang" that runs but knows no GPU processor.
     let fake = package.path("fake-clang");
@@ -298,12 +368,19 @@ fn toolchain_errors_say_what_to_do() {
     options.tools.clang = Some(fake);
     assert_contains(
         &build_err_with(&package, &options),
-        &["cannot compile for target gfx942", "does not know processor `gfx942`", "fake clang version 1.0"],
+        &[
+            "cannot compile for target gfx942",
+            "does not know processor `gfx942`",
+            "fake clang version 1.0",
+        ],
     );
 
     let mut options = package.options();
     options.tools.ptxas = Some(package.path("no/ptxas"));
-    assert_contains(&build_err_with(&package, &options), &["no/ptxas (from --ptxas) does not exist"]);
+    assert_contains(
+        &build_err_with(&package, &options),
+        &["no/ptxas (from --ptxas) does not exist"],
+    );
 }
 
 fn build_err_with(package: &TempPackage, options: &hkpack::BuildOptions) -> String {

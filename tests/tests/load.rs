@@ -27,13 +27,33 @@ fn each_device_gets_the_entry_the_rocm_and_cuda_rules_pick() {
     let (bundle_dir, _) = repo_bundles();
     let bundle = Bundle::open(bundle_dir).unwrap();
     let cases = [
-        ("gfx90a:sramecc+:xnack-", "hipv4-amdgcn-amd-amdhsa--gfx90a", ImageKind::AmdCodeObject),
-        ("gfx90a:sramecc+:xnack+", "hipv4-amdgcn-amd-amdhsa--gfx90a", ImageKind::AmdCodeObject),
-        ("gfx942:sramecc+:xnack-", "hipv4-amdgcn-amd-amdhsa--gfx942", ImageKind::AmdCodeObject),
-        ("gfx950:sramecc+:xnack-", "hipv4-amdgcn-amd-amdhsa--gfx950", ImageKind::AmdCodeObject),
+        (
+            "gfx90a:sramecc+:xnack-",
+            "hipv4-amdgcn-amd-amdhsa--gfx90a",
+            ImageKind::AmdCodeObject,
+        ),
+        (
+            "gfx90a:sramecc+:xnack+",
+            "hipv4-amdgcn-amd-amdhsa--gfx90a",
+            ImageKind::AmdCodeObject,
+        ),
+        (
+            "gfx942:sramecc+:xnack-",
+            "hipv4-amdgcn-amd-amdhsa--gfx942",
+            ImageKind::AmdCodeObject,
+        ),
+        (
+            "gfx950:sramecc+:xnack-",
+            "hipv4-amdgcn-amd-amdhsa--gfx950",
+            ImageKind::AmdCodeObject,
+        ),
         ("sm_90", "cuda-nvptx64-nvidia-cuda-sm_90", ImageKind::Cubin),
         ("sm_89", "cuda-nvptx64-nvidia-cuda-sm_80", ImageKind::Cubin),
-        ("sm_100", "cuda-nvptx64-nvidia-cuda-compute_90", ImageKind::Ptx),
+        (
+            "sm_100",
+            "cuda-nvptx64-nvidia-cuda-compute_90",
+            ImageKind::Ptx,
+        ),
     ];
     for (device_id, expected, kind) in cases {
         let (driver, device) = simulated(device_id);
@@ -41,7 +61,12 @@ fn each_device_gets_the_entry_the_rocm_and_cuda_rules_pick() {
         let explanation = bundle.explain(&target(device_id));
         for choice in &explanation.modules {
             let (entry, _) = choice.selection.chosen().unwrap();
-            assert_eq!(entry.to_string(), expected, "{device_id}, module {}", choice.module);
+            assert_eq!(
+                entry.to_string(),
+                expected,
+                "{device_id}, module {}",
+                choice.module
+            );
             assert_eq!(loaded.chosen_entry(&choice.module), Some(entry));
             assert_eq!(choice.selection.needs_jit(), kind == ImageKind::Ptx);
         }
@@ -77,11 +102,19 @@ fn devices_nothing_runs_on_are_refused_with_the_explanation() {
         };
         let message = error.to_string();
         assert!(matches!(error, Error::NoCodeObject { .. }), "{message}");
-        for part in ["can run on", "hipv4-amdgcn-amd-amdhsa--gfx942", "cuda-nvptx64-nvidia-cuda-sm_90", "rejected"] {
+        for part in [
+            "can run on",
+            "hipv4-amdgcn-amd-amdhsa--gfx942",
+            "cuda-nvptx64-nvidia-cuda-sm_90",
+            "rejected",
+        ] {
             assert!(message.contains(part), "`{part}` missing from:\n{message}");
         }
         assert!(!bundle.explain(&target(device_id)).is_servable());
-        assert!(driver.log().is_empty(), "selection happens before any driver call");
+        assert!(
+            driver.log().is_empty(),
+            "selection happens before any driver call"
+        );
     }
 }
 
@@ -141,7 +174,12 @@ fn build_args<'a>(
 fn every_kernel_packs_at_metadata_offsets_and_refuses_wrong_arguments() {
     let (bundle_dir, _) = repo_bundles();
     let bundle = Bundle::open(bundle_dir).unwrap();
-    for device_id in ["gfx90a:sramecc+:xnack-", "gfx942:sramecc+:xnack-", "gfx950:sramecc+:xnack-", "sm_90"] {
+    for device_id in [
+        "gfx90a:sramecc+:xnack-",
+        "gfx942:sramecc+:xnack-",
+        "gfx950:sramecc+:xnack-",
+        "sm_90",
+    ] {
         let (driver, device) = simulated(device_id);
         let loaded = bundle.load(&device).unwrap();
         for record in &bundle.manifest().kernels {
@@ -153,8 +191,12 @@ fn every_kernel_packs_at_metadata_offsets_and_refuses_wrong_arguments() {
             let args = build_args(&record.args, &mut buffers, &scalars);
             unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, &args) }.unwrap();
 
-            let Some(Recorded::Launch { kernel: name, args: packed, dims: got_dims, .. }) =
-                driver.log().pop()
+            let Some(Recorded::Launch {
+                kernel: name,
+                args: packed,
+                dims: got_dims,
+                ..
+            }) = driver.log().pop()
             else {
                 panic!("no launch recorded for {}", record.symbol);
             };
@@ -165,7 +207,9 @@ fn every_kernel_packs_at_metadata_offsets_and_refuses_wrong_arguments() {
                 let at = slot.offset as usize;
                 let want: Vec<u8> = match param.ty {
                     ParamType::Pointer { .. } => p.next().unwrap().to_le_bytes().to_vec(),
-                    ParamType::Scalar(t) => s.next().unwrap().to_le_bytes()[..t.size() as usize].to_vec(),
+                    ParamType::Scalar(t) => {
+                        s.next().unwrap().to_le_bytes()[..t.size() as usize].to_vec()
+                    }
                 };
                 assert_eq!(
                     &packed[at..at + want.len()],
@@ -206,8 +250,15 @@ fn assert_refused(
         .iter()
         .map(|param| match param.ty {
             ParamType::Pointer { pointee, .. } => {
-                let other = if pointee == ScalarType::I8 { ScalarType::U8 } else { ScalarType::I8 };
-                Some((device.alloc(other, 16).unwrap(), other_device.alloc(pointee, 16).unwrap()))
+                let other = if pointee == ScalarType::I8 {
+                    ScalarType::U8
+                } else {
+                    ScalarType::I8
+                };
+                Some((
+                    device.alloc(other, 16).unwrap(),
+                    other_device.alloc(pointee, 16).unwrap(),
+                ))
             }
             ParamType::Scalar(_) => None,
         })
@@ -216,7 +267,10 @@ fn assert_refused(
     let good = build_args(signature, &mut buffers, &scalars);
     let mut attempts: Vec<(Vec<Arg<'_>>, &str)> = vec![
         (good[..good.len() - 1].to_vec(), "ArgCount"),
-        ([good.clone(), vec![Arg::Scalar(ScalarValue::U32(1))]].concat(), "ArgCount"),
+        (
+            [good.clone(), vec![Arg::Scalar(ScalarValue::U32(1))]].concat(),
+            "ArgCount",
+        ),
     ];
     for (i, param) in signature.iter().enumerate() {
         let with = |arg| replaced(&good, i, arg);
@@ -230,7 +284,11 @@ fn assert_refused(
                 attempts.push((with(Arg::BufferMut(wrong_device)), "ArgDevice"));
             }
             (ParamType::Scalar(t), _, _) => {
-                let other = if t == ScalarType::U64 { ScalarValue::U32(1) } else { ScalarValue::U64(1) };
+                let other = if t == ScalarType::U64 {
+                    ScalarValue::U32(1)
+                } else {
+                    ScalarValue::U64(1)
+                };
                 attempts.push((with(Arg::Scalar(other)), "ArgType"));
                 if let Some(Some((buffer, _))) = misfits.iter().find(|m| m.is_some()) {
                     attempts.push((with(Arg::Buffer(buffer)), "ArgType"));
@@ -252,12 +310,22 @@ fn assert_refused(
     }
     let too_big = LaunchDims::linear(1, kernel.facts().max_flat_workgroup_size + 1);
     let error = unsafe { kernel.launch(&too_big, StreamHandle::DEFAULT, &good) }.unwrap_err();
-    assert!(matches!(error, Error::Launch(LaunchError::Dims { .. })), "{error}");
+    assert!(
+        matches!(error, Error::Launch(LaunchError::Dims { .. })),
+        "{error}"
+    );
     let mut huge_shared = dims;
     huge_shared.shared_bytes = 1 << 20;
     let error = unsafe { kernel.launch(&huge_shared, StreamHandle::DEFAULT, &good) }.unwrap_err();
-    assert!(matches!(error, Error::Launch(LaunchError::Dims { .. })), "{error}");
-    assert_eq!(driver.log().len(), launches_before, "refused launches reach no driver");
+    assert!(
+        matches!(error, Error::Launch(LaunchError::Dims { .. })),
+        "{error}"
+    );
+    assert_eq!(
+        driver.log().len(),
+        launches_before,
+        "refused launches reach no driver"
+    );
 }
 
 #[test]
@@ -266,7 +334,12 @@ fn modules_load_once_under_concurrent_first_use() {
     let bundle = Bundle::open(bundle_dir).unwrap();
     let (driver, device) = simulated("gfx942:sramecc+:xnack-");
     let loaded = bundle.load(&device).unwrap();
-    let symbols: Vec<String> = bundle.manifest().kernels.iter().map(|k| k.symbol.clone()).collect();
+    let symbols: Vec<String> = bundle
+        .manifest()
+        .kernels
+        .iter()
+        .map(|k| k.symbol.clone())
+        .collect();
     std::thread::scope(|s| {
         for _ in 0..8 {
             s.spawn(|| {
@@ -276,7 +349,11 @@ fn modules_load_once_under_concurrent_first_use() {
             });
         }
     });
-    let loads = driver.log().iter().filter(|r| matches!(r, Recorded::Load { .. })).count();
+    let loads = driver
+        .log()
+        .iter()
+        .filter(|r| matches!(r, Recorded::Load { .. }))
+        .count();
     assert_eq!(loads, bundle.manifest().modules.len());
     fn send_sync<T: Send + Sync>() {}
     send_sync::<hkload::Kernel>();
@@ -287,7 +364,10 @@ fn modules_load_once_under_concurrent_first_use() {
 
 /// A small real bundle (one module, one AMD and one NVIDIA target), compressed or plain.
 fn small_bundle(compress: bool) -> (TempPackage, std::path::PathBuf) {
-    let package = TempPackage::new(&["gfx942", "sm_90"], &[("scale", SCALE_SOURCE, SCALE_MANIFEST)]);
+    let package = TempPackage::new(
+        &["gfx942", "sm_90"],
+        &[("scale", SCALE_SOURCE, SCALE_MANIFEST)],
+    );
     let mut options = package.options();
     options.compress = compress;
     let report = build_ok(&options);
@@ -321,12 +401,29 @@ fn every_damaged_byte_and_every_truncation_is_an_error() {
                 "a change at byte {at} went unnoticed (compressed: {compress})"
             );
             // Without hash checks a change may go unnoticed, but must never panic.
-            let _ = try_load(damaged, OpenOptions { verify_hashes: false });
+            let _ = try_load(
+                damaged,
+                OpenOptions {
+                    verify_hashes: false,
+                },
+            );
         }
         for len in 0..module.len() {
             let truncated = leak(module[..len].to_vec());
-            assert!(try_load(truncated, OpenOptions::default()).is_err(), "truncated to {len}");
-            assert!(try_load(truncated, OpenOptions { verify_hashes: false }).is_err(), "truncated to {len}, unverified");
+            assert!(
+                try_load(truncated, OpenOptions::default()).is_err(),
+                "truncated to {len}"
+            );
+            assert!(
+                try_load(
+                    truncated,
+                    OpenOptions {
+                        verify_hashes: false
+                    }
+                )
+                .is_err(),
+                "truncated to {len}, unverified"
+            );
         }
     }
 }
@@ -335,12 +432,32 @@ fn every_damaged_byte_and_every_truncation_is_an_error() {
 fn a_newer_format_and_a_broken_manifest_are_clear_errors() {
     let (_package, dir) = small_bundle(true);
     let manifest = std::fs::read_to_string(dir.join("bundle.toml")).unwrap();
-    let module: &'static [u8] = Box::leak(std::fs::read(dir.join("scale.hipfb")).unwrap().into_boxed_slice());
+    let module: &'static [u8] = Box::leak(
+        std::fs::read(dir.join("scale.hipfb"))
+            .unwrap()
+            .into_boxed_slice(),
+    );
     let newer = manifest.replace("format_version = \"1.0\"", "format_version = \"2.0\"");
-    let error = Bundle::from_bytes(&newer, &[("scale.hipfb", module)], OpenOptions::default()).unwrap_err();
-    assert!(error.to_string().contains("bundle format 2.0 is newer than this hkload reads (1.0)"), "{error}");
+    let error =
+        Bundle::from_bytes(&newer, &[("scale.hipfb", module)], OpenOptions::default()).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("bundle format 2.0 is newer than this hkload reads (1.0)"),
+        "{error}"
+    );
     let error = Bundle::from_bytes(&manifest, &[], OpenOptions::default()).unwrap_err();
-    assert!(error.to_string().contains("was not among the embedded files"), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("was not among the embedded files"),
+        "{error}"
+    );
     let error = Bundle::open(dir.join("missing")).unwrap_err();
-    assert!(error.to_string().contains("a bundle folder made by `hkpack build`?"), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("a bundle folder made by `hkpack build`?"),
+        "{error}"
+    );
 }

@@ -148,8 +148,12 @@ pub trait Driver: Send + Sync {
     fn copy_to_device(&self, device: usize, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError>;
 
     /// Copies device memory to host bytes, synchronously.
-    fn copy_to_host(&self, device: usize, dst: &mut [u8], src: DevicePtr)
-    -> Result<(), DriverError>;
+    fn copy_to_host(
+        &self,
+        device: usize,
+        dst: &mut [u8],
+        src: DevicePtr,
+    ) -> Result<(), DriverError>;
 
     /// Waits until all work queued on the device has finished.
     fn synchronize(&self, device: usize) -> Result<(), DriverError>;

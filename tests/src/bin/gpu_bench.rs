@@ -327,16 +327,16 @@ impl RawModule {
         cu("cuModuleLoadData", unsafe {
             sys::cuModuleLoadData(&mut module, image.as_ptr().cast())
         })?;
-        let loaded = Self {
+        // Owned from here on, so an error below still unloads it.
+        let mut loaded = Self {
             module,
             function: ptr::null_mut(),
         };
-        let mut function = ptr::null_mut();
         // SAFETY: the module is live; `symbol` is NUL-terminated.
         cu("cuModuleGetFunction", unsafe {
-            sys::cuModuleGetFunction(&mut function, loaded.module, symbol.as_ptr())
+            sys::cuModuleGetFunction(&mut loaded.function, loaded.module, symbol.as_ptr())
         })?;
-        Ok(Self { function, ..loaded })
+        Ok(loaded)
     }
 }
 

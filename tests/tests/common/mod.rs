@@ -11,7 +11,10 @@ use hkpack::{BuildOptions, BuildReport};
 
 /// The repository root (the workspace folder).
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
 }
 
 /// Build cache shared by every test binary, so the repository's kernels compile once per
@@ -38,10 +41,8 @@ pub fn options(manifests: &Path, out: &Path, cache: &Path) -> BuildOptions {
 pub fn repo_bundles() -> &'static (PathBuf, PathBuf) {
     static BUNDLES: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     BUNDLES.get_or_init(|| {
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-            "bundles-{}",
-            std::process::id()
-        ));
+        let out =
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bundles-{}", std::process::id()));
         let manifests = repo().join("manifests");
         let compressed = build_ok(&options(&manifests, &out.join("ccob"), &shared_cache()));
         let mut plain_options = options(&manifests, &out.join("plain"), &shared_cache());
@@ -109,11 +110,7 @@ impl TempPackage {
     }
 
     pub fn options(&self) -> BuildOptions {
-        options(
-            &self.manifests(),
-            &self.path("dist"),
-            &self.path("cache"),
-        )
+        options(&self.manifests(), &self.path("dist"), &self.path("cache"))
     }
 }
 
