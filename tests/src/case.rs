@@ -54,6 +54,28 @@ pub enum CaseArg {
     Scalar(ScalarValue),
 }
 
+impl CaseArg {
+    /// An input buffer holding `data`.
+    pub fn input(name: &'static str, elem: ScalarType, data: Vec<f64>) -> Self {
+        Self::Input { name, elem, data }
+    }
+
+    /// An output buffer that must come out close to `want`, within `(abs, rel)`.
+    pub fn close(
+        name: &'static str,
+        elem: ScalarType,
+        want: Vec<f64>,
+        (abs, rel): (f64, f64),
+    ) -> Self {
+        Self::Output {
+            name,
+            elem,
+            len: want.len(),
+            expect: Expect::Close { want, abs, rel },
+        }
+    }
+}
+
 /// One launch of one kernel with its inputs and expected outputs.
 #[derive(Debug, Clone)]
 pub struct Case {

@@ -15,6 +15,20 @@ pub fn round_to(ty: ScalarType, x: f64) -> f64 {
     }
 }
 
+/// `len` values drawn uniformly from `center ± spread` and rounded to `ty`: fresh random
+/// inputs that the device type holds exactly.
+pub fn random_rounded(
+    rng: &mut impl rand::Rng,
+    ty: ScalarType,
+    len: usize,
+    center: f64,
+    spread: f64,
+) -> Vec<f64> {
+    (0..len)
+        .map(|_| round_to(ty, center + spread * rng.random_range(-1.0..1.0)))
+        .collect()
+}
+
 /// Little-endian device bytes of `values` stored as `ty`.
 pub fn encode(ty: ScalarType, values: &[f64]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * ty.size() as usize);

@@ -16,7 +16,7 @@ use hkload::driver::LaunchDims;
 use rand::Rng;
 
 use crate::case::{Case, CaseArg, Expect};
-use crate::host::round_to;
+use crate::host::random_rounded;
 
 /// Threads in a block of every activation kernel.
 pub const BLOCK_THREADS: u32 = 256;
@@ -148,12 +148,6 @@ pub fn tolerance(ty: ScalarType) -> (f64, f64) {
 }
 
 /// `len` values uniform in `[-range, range)`, rounded to `ty`.
-fn inputs(rng: &mut impl Rng, ty: ScalarType, len: usize, range: f64) -> Vec<f64> {
-    (0..len)
-        .map(|_| round_to(ty, range * rng.random_range(-1.0..1.0)))
-        .collect()
-}
-
 /// One elementwise size: `n` elements in `[-range, range)`; `grid` overrides the launch's
 /// block count to test the grid stride.
 #[derive(Debug, Clone, Copy)]
@@ -251,7 +245,7 @@ fn elementwise_case(
     rng: &mut impl Rng,
 ) -> Case {
     let Elementwise { n, range, grid } = size;
-    let x = inputs(rng, ty, n, range);
+    let x = random_rounded(rng, ty, n, 0.0, range);
     let want = x.iter().map(|&v| act.apply(v)).collect();
     let mut dims = launch_dims(n as u64);
     if let Some(blocks) = grid {
@@ -267,11 +261,7 @@ fn elementwise_case(
                 len: n,
                 expect: expect(act, ty, want),
             },
-            CaseArg::Input {
-                name: "x",
-                elem: ty,
-                data: x,
-            },
+            CaseArg::input("x", ty, x),
             CaseArg::Scalar(ScalarValue::U64(n as u64)),
         ],
         dims,
@@ -280,7 +270,7 @@ fn elementwise_case(
 
 fn gated_case(act: Activation, ty: ScalarType, size: Gated, rng: &mut impl Rng) -> Case {
     let Gated { rows, cols, grid } = size;
-    let x = inputs(rng, ty, rows * 2 * cols, 6.0);
+    let x = random_rounded(rng, ty, rows * 2 * cols, 0.0, 6.0);
     let want: Vec<f64> = x
         .chunks(2 * cols)
         .flat_map(|row| act_and_mul(act, row))
@@ -299,11 +289,7 @@ fn gated_case(act: Activation, ty: ScalarType, size: Gated, rng: &mut impl Rng) 
                 len: want.len(),
                 expect: expect(act, ty, want),
             },
-            CaseArg::Input {
-                name: "x",
-                elem: ty,
-                data: x,
-            },
+            CaseArg::input("x", ty, x),
             CaseArg::Scalar(ScalarValue::U32(rows as u32)),
             CaseArg::Scalar(ScalarValue::U32(cols as u32)),
         ],

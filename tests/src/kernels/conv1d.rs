@@ -9,8 +9,8 @@ use hkload::abi::{ScalarType, ScalarValue};
 use hkload::driver::LaunchDims;
 use rand::Rng;
 
-use crate::case::{Case, CaseArg, Expect};
-use crate::host::round_to;
+use crate::case::{Case, CaseArg};
+use crate::host::random_rounded;
 
 /// The shape of one causal convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +66,7 @@ pub fn causal_conv1d(
 
 /// SiLU (swish): `x · sigmoid(x)`.
 pub fn silu(x: f64) -> f64 {
-    x / (1.0 + (-x).exp())
+    super::activation::Activation::Silu.apply(x)
 }
 
 /// Threads in a block of either kernel.
@@ -140,11 +140,7 @@ fn case(with_bias_silu: bool, ty: ScalarType, shape: ConvShape, rng: &mut impl R
         seqlen,
         width,
     } = shape;
-    let mut draw = |len: usize, scale: f64| -> Vec<f64> {
-        (0..len)
-            .map(|_| round_to(ty, scale * rng.random_range(-1.0..1.0)))
-            .collect()
-    };
+    let mut draw = |len: usize, spread: f64| random_rounded(rng, ty, len, 0.0, spread);
     let x = draw(batch * dim * seqlen, 2.0);
     // Filter taps of the size trained models have, so that sums stay of order one.
     let weight = draw(dim * width, 1.0 / (width as f64).sqrt());
@@ -152,29 +148,12 @@ fn case(with_bias_silu: bool, ty: ScalarType, shape: ConvShape, rng: &mut impl R
     let want = causal_conv1d(&x, &weight, bias.as_deref(), shape);
     let (abs, rel) = tolerance(ty);
     let mut args = vec![
-        CaseArg::Output {
-            name: "out",
-            elem: ty,
-            len: want.len(),
-            expect: Expect::Close { want, abs, rel },
-        },
-        CaseArg::Input {
-            name: "x",
-            elem: ty,
-            data: x,
-        },
-        CaseArg::Input {
-            name: "weight",
-            elem: ty,
-            data: weight,
-        },
+        CaseArg::close("out", ty, want, (abs, rel)),
+        CaseArg::input("x", ty, x),
+        CaseArg::input("weight", ty, weight),
     ];
     if let Some(bias) = bias {
-        args.push(CaseArg::Input {
-            name: "bias",
-            elem: ty,
-            data: bias,
-        });
+        args.push(CaseArg::input("bias", ty, bias));
     }
     args.extend([batch, dim, seqlen, width].map(|n| CaseArg::Scalar(ScalarValue::U32(n as u32))));
     let family = if with_bias_silu {

@@ -16,7 +16,7 @@ use hkload::driver::LaunchDims;
 use rand::Rng;
 
 use crate::case::{Case, CaseArg, Expect};
-use crate::host::round_to;
+use crate::host::{random_rounded, round_to};
 
 /// Threads in a block of every row kernel (the norms here and softmax).
 pub const BLOCK_THREADS: u32 = 256;
@@ -179,12 +179,6 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
 }
 
 /// `len` values uniform in `[-scale, scale)` (plus `offset`), rounded to `ty`.
-fn inputs(rng: &mut impl Rng, ty: ScalarType, len: usize, offset: f64, scale: f64) -> Vec<f64> {
-    (0..len)
-        .map(|_| round_to(ty, offset + scale * rng.random_range(-1.0..1.0)))
-        .collect()
-}
-
 fn case(kind: NormKind, ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Case {
     let Shape {
         rows,
@@ -195,12 +189,12 @@ fn case(kind: NormKind, ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Cas
     let eps = if kind.has_bias() { 1e-5 } else { 1e-6 };
     // Rows with a mean well away from 0 check that LayerNorm centres before squaring.
     let offset = if kind.has_bias() { 3.0 * scale } else { 0.0 };
-    let x = inputs(rng, ty, rows * cols, offset, scale);
-    let weight = inputs(rng, ty, cols, 1.0, 0.5);
-    let bias = inputs(rng, ty, cols, 0.0, 0.5);
+    let x = random_rounded(rng, ty, rows * cols, offset, scale);
+    let weight = random_rounded(rng, ty, cols, 1.0, 0.5);
+    let bias = random_rounded(rng, ty, cols, 0.0, 0.5);
     let residual = kind
         .fused()
-        .then(|| inputs(rng, ty, rows * cols, 0.0, scale));
+        .then(|| random_rounded(rng, ty, rows * cols, 0.0, scale));
     // The kernels normalize the residual sum as stored, rounded to the element type.
     let normed_input = match &residual {
         Some(res) => residual_add(ty, &x, res),
@@ -215,12 +209,7 @@ fn case(kind: NormKind, ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Cas
         })
         .collect();
     let (abs, rel) = tolerance(ty);
-    let mut args = vec![CaseArg::Output {
-        name: "out",
-        elem: ty,
-        len: want.len(),
-        expect: Expect::Close { want, abs, rel },
-    }];
+    let mut args = vec![CaseArg::close("out", ty, want, (abs, rel))];
     if let Some(data) = residual {
         let expect = Expect::Close {
             want: normed_input,
@@ -234,22 +223,10 @@ fn case(kind: NormKind, ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Cas
             expect,
         });
     }
-    args.push(CaseArg::Input {
-        name: "x",
-        elem: ty,
-        data: x,
-    });
-    args.push(CaseArg::Input {
-        name: "weight",
-        elem: ty,
-        data: weight,
-    });
+    args.push(CaseArg::input("x", ty, x));
+    args.push(CaseArg::input("weight", ty, weight));
     if kind.has_bias() {
-        args.push(CaseArg::Input {
-            name: "bias",
-            elem: ty,
-            data: bias,
-        });
+        args.push(CaseArg::input("bias", ty, bias));
     }
     args.extend([
         CaseArg::Scalar(ScalarValue::F32(eps_f32)),

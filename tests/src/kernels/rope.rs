@@ -10,8 +10,8 @@ use hkload::abi::{ScalarType, ScalarValue};
 use hkload::driver::LaunchDims;
 use rand::Rng;
 
-use crate::case::{Case, CaseArg, Expect};
-use crate::host::round_to;
+use crate::case::{Case, CaseArg};
+use crate::host::{random_rounded, round_to};
 
 /// Which elements of a head vector form a rotated pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,9 +186,7 @@ fn case(
         RopeLayout::Bhsd => v % seq,
         RopeLayout::Thd => token_positions[v / heads],
     };
-    let x: Vec<f64> = (0..vectors * dim)
-        .map(|_| round_to(ty, rng.random_range(-2.0..2.0)))
-        .collect();
+    let x = random_rounded(rng, ty, vectors * dim, 0.0, 2.0);
     let (cos, sin) = rope_tables(table_rows, rot_dim, 10_000.0);
     let want: Vec<f64> = x
         .chunks(dim)
@@ -200,27 +198,10 @@ fn case(
         .collect();
     let (abs, rel) = tolerance(ty);
     let mut args = vec![
-        CaseArg::Output {
-            name: "out",
-            elem: ty,
-            len: want.len(),
-            expect: Expect::Close { want, abs, rel },
-        },
-        CaseArg::Input {
-            name: "x",
-            elem: ty,
-            data: x,
-        },
-        CaseArg::Input {
-            name: "cos",
-            elem: ScalarType::F32,
-            data: cos,
-        },
-        CaseArg::Input {
-            name: "sin",
-            elem: ScalarType::F32,
-            data: sin,
-        },
+        CaseArg::close("out", ty, want, (abs, rel)),
+        CaseArg::input("x", ty, x),
+        CaseArg::input("cos", ScalarType::F32, cos),
+        CaseArg::input("sin", ScalarType::F32, sin),
     ];
     let u32_arg = |n: usize| CaseArg::Scalar(ScalarValue::U32(n as u32));
     let label = match layout {
@@ -230,11 +211,7 @@ fn case(
         }
         RopeLayout::Thd => {
             let positions = token_positions.iter().map(|&p| p as f64).collect();
-            args.push(CaseArg::Input {
-                name: "positions",
-                elem: ScalarType::I32,
-                data: positions,
-            });
+            args.push(CaseArg::input("positions", ScalarType::I32, positions));
             args.extend([u32_arg(seq), u32_arg(heads)]);
             format!("tokens={seq} heads={heads} dim={dim} rot_dim={rot_dim}")
         }
@@ -337,7 +314,7 @@ mod tests {
         );
         let want = match &case.args[0] {
             CaseArg::Output {
-                expect: Expect::Close { want, .. },
+                expect: crate::case::Expect::Close { want, .. },
                 ..
             } => want.clone(),
             _ => unreachable!(),

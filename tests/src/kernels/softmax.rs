@@ -9,7 +9,7 @@
 use hkload::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
-use crate::case::{Case, CaseArg, Expect};
+use crate::case::{Case, CaseArg};
 use crate::host::round_to;
 use crate::kernels::norm::row_launch_dims;
 
@@ -123,17 +123,8 @@ fn case(ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Case {
             dims.grid[0]
         ),
         args: vec![
-            CaseArg::Output {
-                name: "out",
-                elem: ty,
-                len: want.len(),
-                expect: Expect::Close { want, abs, rel },
-            },
-            CaseArg::Input {
-                name: "x",
-                elem: ty,
-                data: x,
-            },
+            CaseArg::close("out", ty, want, (abs, rel)),
+            CaseArg::input("x", ty, x),
             CaseArg::Scalar(ScalarValue::U32(rows as u32)),
             CaseArg::Scalar(ScalarValue::U32(cols as u32)),
         ],
@@ -175,7 +166,7 @@ mod tests {
         assert_eq!(cases.len(), 3 * SHAPES.len());
         for case in &cases {
             let Some(CaseArg::Output {
-                expect: Expect::Close { want, rel, .. },
+                expect: crate::case::Expect::Close { want, rel, .. },
                 ..
             }) = case.args.first()
             else {

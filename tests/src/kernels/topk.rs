@@ -145,11 +145,7 @@ fn case(
                     values_arg: 0,
                 },
             },
-            CaseArg::Input {
-                name: "x",
-                elem: ty,
-                data: input,
-            },
+            CaseArg::input("x", ty, input),
             u32_arg(rows),
             u32_arg(n),
             u32_arg(k),
