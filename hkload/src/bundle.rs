@@ -9,12 +9,11 @@ use std::sync::{Arc, OnceLock};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::code_object::KernelFacts;
 use crate::device::Device;
 use crate::driver::{FunctionHandle, LaunchDims, ModuleHandle, StreamHandle};
 use crate::error::{Error, LaunchError, Result};
 use crate::launch::{Arg, ArgLayout, shared_memory_limit};
-use crate::manifest::{BundleManifest, KernelRecord, MANIFEST_FILE, ModuleRecord};
+use crate::manifest::{BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ModuleRecord};
 use crate::offload::{self, OffloadBundle};
 use crate::select::{Selection, select};
 use crate::target::{EntryId, TargetId};
@@ -458,11 +457,10 @@ impl LoadedBundle {
             .iter()
             .find(|slot| bundle.manifest.modules[slot.index].name == record.module)
             .expect("manifest validation guarantees every kernel's module exists");
-        let facts = kernel_facts(record, &slot.entry)?;
+        let abi = kernel_abi(record, &slot.entry)?;
         let layout = ArgLayout::new(
             &record.args,
-            facts,
-            &slot.entry.target(),
+            abi,
             shared_memory_limit(self.inner.device.target()),
         )
         .map_err(|detail| Error::Mismatch {
@@ -474,7 +472,7 @@ impl LoadedBundle {
         Ok(Kernel {
             inner: Arc::new(KernelInner {
                 name: symbol.to_owned(),
-                facts: facts.clone(),
+                abi: abi.clone(),
                 layout,
                 function,
                 module,
@@ -501,15 +499,12 @@ impl LoadedBundle {
     }
 }
 
-fn kernel_facts<'a>(record: &'a KernelRecord, entry: &EntryId) -> Result<&'a KernelFacts> {
+fn kernel_abi<'a>(record: &'a KernelRecord, entry: &EntryId) -> Result<&'a KernelAbi> {
     record
-        .facts_for(&entry.target())
+        .abi_for(&entry.target())
         .ok_or_else(|| Error::Mismatch {
             what: format!("kernel `{}`", record.symbol),
-            detail: format!(
-                "the manifest records no code-object facts for target {}",
-                entry.target()
-            ),
+            detail: format!("the manifest records no ABI for target {}", entry.target()),
         })
 }
 
@@ -521,7 +516,7 @@ pub struct Kernel {
 
 struct KernelInner {
     name: String,
-    facts: KernelFacts,
+    abi: KernelAbi,
     layout: ArgLayout,
     function: FunctionHandle,
     module: Arc<LoadedModule>,
@@ -538,9 +533,9 @@ impl Kernel {
         &self.inner.name
     }
 
-    /// The code object's facts for this kernel on the chosen target.
-    pub fn facts(&self) -> &KernelFacts {
-        &self.inner.facts
+    /// The kernel's ABI on the chosen target: argument offsets, registers, shared memory…
+    pub fn abi(&self) -> &KernelAbi {
+        &self.inner.abi
     }
 
     /// Launches the kernel on `stream` after checking `args` against its signature and

@@ -3,10 +3,10 @@
 //! object's limits, all before the driver is called.
 
 use crate::abi::{Param, ParamType, ScalarType, ScalarValue};
-use crate::code_object::KernelFacts;
 use crate::device::DeviceBuffer;
 use crate::driver::{DevicePtr, LaunchDims};
 use crate::error::LaunchError;
+use crate::manifest::KernelAbi;
 use crate::target::TargetId;
 
 /// One argument of a launch.
@@ -77,38 +77,38 @@ pub(crate) struct ArgLayout {
 const INLINE_ARGS: usize = 256;
 
 impl ArgLayout {
-    /// Pairs the declared signature with the code object's argument slots. hkpack checked them
-    /// at build time; a disagreement here means the manifest was edited by hand.
+    /// Pairs the declared signature with the argument offsets of the code for `target`. hkpack
+    /// checked them at build time; a disagreement here means the manifest was edited by hand.
     pub(crate) fn new(
         signature: &[Param],
-        facts: &KernelFacts,
-        target: &TargetId,
+        abi: &KernelAbi,
         shared_limit: u32,
     ) -> Result<Self, String> {
-        if signature.len() != facts.args.len() {
+        if signature.len() != abi.arg_offsets.len() {
             return Err(format!(
-                "the signature declares {} arguments but the code object for {target} has {}",
+                "the signature declares {} arguments but the code for {} has {}",
                 signature.len(),
-                facts.args.len()
+                abi.target,
+                abi.arg_offsets.len()
             ));
         }
         let mut params = Vec::with_capacity(signature.len());
         let mut size = 0usize;
-        for (param, slot) in signature.iter().zip(&facts.args) {
-            if slot.size != param.ty.size() || slot.offset % param.ty.align() != 0 {
+        for (param, &offset) in signature.iter().zip(&abi.arg_offsets) {
+            if offset % param.ty.align() != 0 {
                 return Err(format!(
-                    "`{param}` is {} bytes at offset {} in the code object for {target}",
-                    slot.size, slot.offset
+                    "`{param}` sits at offset {offset} in the code for {}, not a multiple of its alignment",
+                    abi.target
                 ));
             }
-            size = size.max(slot.offset as usize + slot.size as usize);
-            params.push((param.clone(), slot.offset));
+            size = size.max(offset as usize + param.ty.size() as usize);
+            params.push((param.clone(), offset));
         }
         Ok(Self {
             params,
             size,
-            max_block_threads: facts.max_flat_workgroup_size,
-            static_shared: facts.group_segment_size,
+            max_block_threads: abi.max_flat_workgroup_size,
+            static_shared: abi.group_segment_size,
             shared_limit,
         })
     }

@@ -31,8 +31,9 @@
 //! args = ["out: *mut bf16", "x: *const bf16", "weight: *const bf16", "eps: f32", "rows: u32", "cols: u32"]
 //! [[kernel.target]]
 //! target = "gfx942"
-//! kernarg_size = 288
-//! # … the rest of the code object's facts for this kernel
+//! arg_offsets = [0, 8, 16, 24, 28, 32]
+//! kernarg_size = 296
+//! # … registers, spills, LDS, scratch, wave size, maximum block size
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -108,7 +109,7 @@ pub struct EntryRecord {
     pub sha256: String,
 }
 
-/// One kernel: its declared signature and, per build target, the facts of its code object.
+/// One kernel: its declared signature and, per build target, the ABI of its code.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KernelRecord {
@@ -116,24 +117,68 @@ pub struct KernelRecord {
     pub module: String,
     pub args: Signature,
     #[serde(rename = "target")]
-    pub targets: Vec<KernelTarget>,
-}
-
-/// The facts of one kernel's code for one build target.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct KernelTarget {
-    pub target: TargetId,
-    #[serde(flatten)]
-    pub facts: KernelFacts,
+    pub targets: Vec<KernelAbi>,
 }
 
 impl KernelRecord {
-    /// The facts recorded for `target`, the build target of a code image.
-    pub fn facts_for(&self, target: &TargetId) -> Option<&KernelFacts> {
-        self.targets
-            .iter()
-            .find(|t| &t.target == target)
-            .map(|t| &t.facts)
+    /// The ABI recorded for `target`, the build target of a code image.
+    pub fn abi_for(&self, target: &TargetId) -> Option<&KernelAbi> {
+        self.targets.iter().find(|t| &t.target == target)
+    }
+}
+
+/// The ABI of one kernel's code for one build target: where its arguments go and what it
+/// uses, as read from the code object (AMD metadata note; NVIDIA PTX and ptxas report).
+///
+/// Argument sizes and kinds are not repeated here: hkpack checked that they are exactly the
+/// declared ones, so the signature holds them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelAbi {
+    pub target: TargetId,
+    /// Byte offset of each declared argument in the argument buffer.
+    pub arg_offsets: Vec<u32>,
+    /// AMD: the whole kernarg segment, hidden arguments included; NVIDIA: the parameters.
+    pub kernarg_size: u32,
+    pub kernarg_align: u32,
+    /// AMD register counts: scalar, vector, accumulation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sgpr_count: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vgpr_count: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agpr_count: Option<u32>,
+    /// NVIDIA registers per thread (from ptxas; absent for PTX-only builds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registers: Option<u32>,
+    /// Registers spilled to scratch, scalar and vector together.
+    pub spills: u32,
+    /// Static shared memory (LDS) in bytes.
+    pub group_segment_size: u32,
+    /// Scratch (private, stack) bytes per thread.
+    pub private_segment_size: u32,
+    pub wavefront_size: u32,
+    pub max_flat_workgroup_size: u32,
+}
+
+impl KernelAbi {
+    /// The ABI of `facts`, the code object's facts for a kernel built for `target`.
+    pub fn new(target: TargetId, facts: &KernelFacts) -> Self {
+        Self {
+            target,
+            arg_offsets: facts.args.iter().map(|a| a.offset).collect(),
+            kernarg_size: facts.kernarg_size,
+            kernarg_align: facts.kernarg_align,
+            sgpr_count: facts.sgpr_count,
+            vgpr_count: facts.vgpr_count,
+            agpr_count: facts.agpr_count,
+            registers: facts.registers,
+            spills: facts.sgpr_spill_count + facts.vgpr_spill_count,
+            group_segment_size: facts.group_segment_size,
+            private_segment_size: facts.private_segment_size,
+            wavefront_size: facts.wavefront_size,
+            max_flat_workgroup_size: facts.max_flat_workgroup_size,
+        }
     }
 }
 

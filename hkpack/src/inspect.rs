@@ -36,13 +36,13 @@ pub fn rows(bundle: &Bundle) -> Vec<Row> {
                 .find(|e| e.id.target() == *target)
                 .map_or(0, |e| e.size);
             for kernel in manifest.kernels.iter().filter(|k| k.module == module.name) {
-                let Some(facts) = kernel.facts_for(target) else {
+                let Some(abi) = kernel.abi_for(target) else {
                     continue;
                 };
-                let registers = match (facts.sgpr_count, facts.vgpr_count, facts.registers) {
+                let registers = match (abi.sgpr_count, abi.vgpr_count, abi.registers) {
                     (_, _, Some(r)) => r.to_string(),
                     (Some(s), Some(v), None) => {
-                        format!("s{s} v{v} a{}", facts.agpr_count.unwrap_or(0))
+                        format!("s{s} v{v} a{}", abi.agpr_count.unwrap_or(0))
                     }
                     _ => "-".into(),
                 };
@@ -52,10 +52,10 @@ pub fn rows(bundle: &Bundle) -> Vec<Row> {
                     kernel: kernel.symbol.clone(),
                     code_bytes,
                     registers,
-                    lds_bytes: facts.group_segment_size,
-                    scratch_bytes: facts.private_segment_size,
-                    spills: facts.sgpr_spill_count + facts.vgpr_spill_count,
-                    wave_size: facts.wavefront_size,
+                    lds_bytes: abi.group_segment_size,
+                    scratch_bytes: abi.private_segment_size,
+                    spills: abi.spills,
+                    wave_size: abi.wavefront_size,
                 });
             }
         }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use hkload::bundle::hex;
 use hkload::code_object::KernelFacts;
 use hkload::manifest::{
-    BundleManifest, EntryRecord, FORMAT_VERSION, KernelRecord, KernelTarget, MANIFEST_FILE,
+    BundleManifest, EntryRecord, FORMAT_VERSION, KernelAbi, KernelRecord, MANIFEST_FILE,
     ModuleRecord, Package as PackageRecord, Toolchain as ToolchainRecord,
 };
 use hkload::offload;
@@ -169,10 +169,7 @@ fn kernel_records(module: &Module, code: &[TargetCode]) -> Vec<KernelRecord> {
             args: decl.args.clone(),
             targets: code
                 .iter()
-                .map(|t| KernelTarget {
-                    target: t.target,
-                    facts: t.kernels[i].clone(),
-                })
+                .map(|t| KernelAbi::new(t.target, &t.kernels[i]))
                 .collect(),
         })
         .collect()

@@ -41,12 +41,20 @@ fn every_module_has_every_default_target() {
             let ids: BTreeSet<String> = module.entries.iter().map(|e| e.id.to_string()).collect();
             assert_eq!(ids, expected, "module {}", module.name);
         }
-        // Every kernel has facts for every target, with no spills anywhere.
+        // Every kernel has its ABI for every target, with no spills or scratch anywhere.
         for kernel in &manifest.kernels {
             assert_eq!(kernel.targets.len(), 5, "kernel {}", kernel.symbol);
-            for t in &kernel.targets {
-                let spills = t.facts.sgpr_spill_count + t.facts.vgpr_spill_count;
-                assert_eq!(spills, 0, "kernel {} spills on {}", kernel.symbol, t.target);
+            for abi in &kernel.targets {
+                assert_eq!(
+                    abi.spills, 0,
+                    "kernel {} spills on {}",
+                    kernel.symbol, abi.target
+                );
+                assert_eq!(
+                    abi.private_segment_size, 0,
+                    "{} scratch on {}",
+                    kernel.symbol, abi.target
+                );
             }
         }
     }

@@ -184,7 +184,7 @@ fn every_kernel_packs_at_metadata_offsets_and_refuses_wrong_arguments() {
         let loaded = bundle.load(&device).unwrap();
         for record in &bundle.manifest().kernels {
             let kernel = loaded.kernel(&record.symbol).unwrap();
-            let facts = kernel.facts().clone();
+            let abi = kernel.abi().clone();
             let dims = LaunchDims::linear(3, 64);
             let (mut buffers, scalars) = fitting_args(&device, &record.args);
             let pointers: Vec<u64> = buffers.iter().map(|b| b.ptr().0).collect();
@@ -203,8 +203,8 @@ fn every_kernel_packs_at_metadata_offsets_and_refuses_wrong_arguments() {
             assert_eq!((name.as_str(), got_dims), (record.symbol.as_str(), dims));
             let (mut p, mut s) = (pointers.iter(), scalars.iter());
             let mut end = 0;
-            for (param, slot) in record.args.iter().zip(&facts.args) {
-                let at = slot.offset as usize;
+            for (param, &offset) in record.args.iter().zip(&abi.arg_offsets) {
+                let at = offset as usize;
                 let want: Vec<u8> = match param.ty {
                     ParamType::Pointer { .. } => p.next().unwrap().to_le_bytes().to_vec(),
                     ParamType::Scalar(t) => {
@@ -308,7 +308,7 @@ fn assert_refused(
         assert_eq!(name, expected, "{}: {error}", kernel.name());
         assert!(error.to_string().contains(kernel.name()));
     }
-    let too_big = LaunchDims::linear(1, kernel.facts().max_flat_workgroup_size + 1);
+    let too_big = LaunchDims::linear(1, kernel.abi().max_flat_workgroup_size + 1);
     let error = unsafe { kernel.launch(&too_big, StreamHandle::DEFAULT, &good) }.unwrap_err();
     assert!(
         matches!(error, Error::Launch(LaunchError::Dims { .. })),

@@ -31,7 +31,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hk_tests::kernels::all_cases;
-use hkload::code_object::ArgSlot;
 use hkload::driver::cuda::sys;
 use hkload::driver::{CudaDriver, Driver, ImageKind, LaunchDims, StreamHandle};
 use hkload::offload::{self, OffloadBundle};
@@ -162,7 +161,18 @@ fn run() -> Result<bool, String> {
 
     let buffers = CaseBuffers::upload(&device, &case).map_err(text)?;
     let args = buffers.args();
-    let arg_slots = kernel.facts().args.clone();
+    let record = bundle
+        .manifest()
+        .kernel(&case.kernel)
+        .ok_or_else(|| format!("the bundle has no kernel `{}`", case.kernel))?;
+    // (offset, size) of each argument: offsets from the code object, sizes from the signature.
+    let arg_slots: Vec<(u32, u32)> = kernel
+        .abi()
+        .arg_offsets
+        .iter()
+        .zip(&record.args)
+        .map(|(&offset, param)| (offset, param.ty.size()))
+        .collect();
     let packed = pack(&args, &arg_slots)?;
     let setup = Setup {
         dir: &options.bundle,
@@ -202,7 +212,8 @@ struct Setup<'a> {
     /// The case's launch shape shrunk to one block: the cheapest launch that is still real.
     tiny: LaunchDims,
     args: &'a [Arg<'a>],
-    arg_slots: Vec<ArgSlot>,
+    /// `(offset, size)` of each argument in the packed buffer.
+    arg_slots: Vec<(u32, u32)>,
     /// `args` packed at the kernel's offsets, as hkload hands them to the driver.
     packed: Vec<u8>,
 }
@@ -282,7 +293,7 @@ impl Images {
 }
 
 /// Packs `args` at the offsets and sizes of `slots`, as hkload does before calling the driver.
-fn pack(args: &[Arg<'_>], slots: &[ArgSlot]) -> Result<Vec<u8>, String> {
+fn pack(args: &[Arg<'_>], slots: &[(u32, u32)]) -> Result<Vec<u8>, String> {
     if args.len() != slots.len() {
         return Err(format!(
             "the case has {} arguments, the kernel {}",
@@ -292,7 +303,7 @@ fn pack(args: &[Arg<'_>], slots: &[ArgSlot]) -> Result<Vec<u8>, String> {
     }
     let size = slots
         .iter()
-        .map(|slot| slot.offset as usize + slot.size as usize)
+        .map(|&(offset, size)| offset as usize + size as usize)
         .max()
         .unwrap_or(0);
     let mut packed = vec![0u8; size];
@@ -302,7 +313,7 @@ fn pack(args: &[Arg<'_>], slots: &[ArgSlot]) -> Result<Vec<u8>, String> {
             Arg::Raw(raw) => raw.ptr.0.to_le_bytes(),
             Arg::Scalar(value) => value.to_le_bytes(),
         };
-        let (start, len) = (slot.offset as usize, slot.size as usize);
+        let (start, len) = (slot.0 as usize, slot.1 as usize);
         let (Some(target), Some(source)) = (packed.get_mut(start..start + len), value.get(..len))
         else {
             return Err(format!("argument slot {slot:?} does not fit 8 bytes"));
@@ -604,11 +615,11 @@ fn kernel_params(setup: &Setup<'_>) -> Vec<*mut c_void> {
     setup
         .arg_slots
         .iter()
-        .map(|slot| {
+        .map(|&(offset, _)| {
             setup
                 .packed
                 .as_ptr()
-                .wrapping_add(slot.offset as usize)
+                .wrapping_add(offset as usize)
                 .cast_mut()
                 .cast()
         })
