@@ -59,8 +59,9 @@ impl std::fmt::Display for BuildReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} jobs: {} compiled, {} cached, {:.1} s; {} ({} modules x {} targets, {} KiB)",
+            "{} job{}: {} compiled, {} cached, {:.1} s; {} ({} modules x {} targets, {} KiB)",
             self.jobs,
+            if self.jobs == 1 { "" } else { "s" },
             self.compiled,
             self.cached,
             self.elapsed.as_secs_f64(),

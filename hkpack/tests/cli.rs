@@ -1,0 +1,154 @@
+//! The `hkpack` command as a user runs it: build, inspect and explain on a small package
+//! compiled by the real toolchain, exit codes included.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const SOURCE: &str = r#"
+#if defined(__AMDGCN__)
+#define THREAD_X() __builtin_amdgcn_workitem_id_x()
+#else
+#define THREAD_X() __nvvm_read_ptx_sreg_tid_x()
+#endif
+extern "C" __attribute__((global)) void scale(float* out, const float* x, float a, unsigned n) {
+    unsigned i = THREAD_X();
+    if (i < n) out[i] = x[i] * a;
+}
+"#;
+
+const MODULE: &str = r#"
+[module]
+name = "scale"
+source = "../kernels/scale.hip"
+
+[[kernel]]
+symbol = "scale"
+args = ["out: *mut f32", "x: *const f32", "a: f32", "n: u32"]
+"#;
+
+const PACKAGE: &str = r#"
+[package]
+name = "cli"
+version = "1.2.3"
+targets = ["gfx90a", "gfx942", "sm_90"]
+amd_code_object_version = 5
+"#;
+
+fn package(root: &Path) {
+    std::fs::create_dir_all(root.join("manifests")).unwrap();
+    std::fs::create_dir_all(root.join("kernels")).unwrap();
+    std::fs::write(root.join("manifests/package.toml"), PACKAGE).unwrap();
+    std::fs::write(root.join("manifests/scale.toml"), MODULE).unwrap();
+    std::fs::write(root.join("kernels/scale.hip"), SOURCE).unwrap();
+}
+
+fn hkpack(root: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hkpack"))
+        .current_dir(root)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn build_inspect_and_explain_from_the_command_line() {
+    let root = tempfile::tempdir().unwrap();
+    package(root.path());
+    let build = hkpack(root.path(), &["build", "--quiet"]);
+    assert!(build.status.success(), "{}", text(&build.stderr));
+    assert!(build.stdout.is_empty(), "--quiet prints nothing on success");
+
+    let inspect = hkpack(root.path(), &["inspect", "dist/cli-1.2.3"]);
+    assert!(inspect.status.success(), "{}", text(&inspect.stderr));
+    let table = text(&inspect.stdout);
+    assert_eq!(
+        table.lines().count(),
+        4,
+        "a header and one row per target:\n{table}"
+    );
+    assert!(table.starts_with("module"), "{table}");
+    let json = hkpack(root.path(), &["inspect", "dist/cli-1.2.3", "--json"]);
+    let json = text(&json.stdout);
+    assert!(
+        json.trim_start().starts_with('[') && json.contains("\"kernel\": \"scale\""),
+        "{json}"
+    );
+
+    let explain = hkpack(
+        root.path(),
+        &[
+            "explain",
+            "dist/cli-1.2.3",
+            "--target",
+            "gfx942:sramecc+:xnack-",
+        ],
+    );
+    assert!(explain.status.success(), "{}", text(&explain.stderr));
+    let out = text(&explain.stdout);
+    assert!(
+        out.contains("chosen    hipv4-amdgcn-amd-amdhsa--gfx942"),
+        "{out}"
+    );
+    assert!(
+        out.contains("rejected  hipv4-amdgcn-amd-amdhsa--gfx90a"),
+        "{out}"
+    );
+
+    let explain = hkpack(
+        root.path(),
+        &["explain", "dist/cli-1.2.3", "--target", "gfx1100"],
+    );
+    assert_eq!(explain.status.code(), Some(1));
+    let (out, err) = (text(&explain.stdout), text(&explain.stderr));
+    assert!(out.contains("no entry runs on gfx1100"), "{out}");
+    assert!(err.contains("no code object for gfx1100"), "{err}");
+
+    let json = hkpack(
+        root.path(),
+        &["explain", "dist/cli-1.2.3", "--target", "sm_90", "--json"],
+    );
+    assert!(json.status.success());
+    assert!(text(&json.stdout).contains("\"status\": \"chosen\""));
+
+    let bad = hkpack(
+        root.path(),
+        &["explain", "dist/cli-1.2.3", "--target", "gfx9999"],
+    );
+    assert_eq!(bad.status.code(), Some(2), "clap rejects an unknown target");
+    assert!(text(&bad.stderr).contains("gfx9999"));
+}
+
+#[test]
+fn without_ptxas_nvidia_targets_ship_ptx_and_the_summary_says_so() {
+    if Path::new("/usr/local/cuda/bin/ptxas").exists() {
+        eprintln!("skipped: /usr/local/cuda/bin/ptxas would be found without PATH");
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    package(root.path());
+    // An empty PATH hides any ptxas; clang is still found in /usr/lib/llvm-NN/bin.
+    let empty = root.path().join("empty-path");
+    std::fs::create_dir(&empty).unwrap();
+    let build = Command::new(env!("CARGO_BIN_EXE_hkpack"))
+        .current_dir(root.path())
+        .args(["build", "--arch", "sm_90"])
+        .env("PATH", &empty)
+        .env_remove("HKPACK_PTXAS")
+        .env_remove("CUDA_HOME")
+        .output()
+        .unwrap();
+    assert!(build.status.success(), "{}", text(&build.stderr));
+    let out = text(&build.stdout);
+    assert!(out.contains("1 job: 1 compiled"), "{out}");
+    assert!(
+        out.contains("ptxas not found, so sm_90 ship PTX only"),
+        "{out}"
+    );
+    let manifest = std::fs::read_to_string(root.path().join("dist/cli-1.2.3/bundle.toml")).unwrap();
+    assert!(manifest.contains("cuda-nvptx64-nvidia-cuda-compute_90"));
+    assert!(!manifest.contains("cuda-nvptx64-nvidia-cuda-sm_90\""));
+}
