@@ -21,9 +21,9 @@ use crate::target::{EntryId, TargetId};
 /// How [`Bundle::open_with`] treats the files it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpenOptions {
-    /// Check each module file's SHA-256 against the manifest before its first use, and each
-    /// code image's before it is loaded. On by default; turning it off saves the hashing time
-    /// at start-up and trusts the files.
+    /// Check each module file's SHA-256 against the manifest before its first use (which
+    /// covers every code image in it). On by default; turning it off saves the hashing time at
+    /// start-up and trusts the files.
     pub verify_hashes: bool,
 }
 
@@ -50,11 +50,12 @@ struct Inner {
     options: OpenOptions,
 }
 
-/// The bytes of one module file and, once needed, its unpacked (decompressed) form.
+/// The bytes of one module file and, once needed, its decompressed form (`None` when the file
+/// is a plain bundle and is used as it is).
 struct ModuleFile {
     path: PathBuf,
     bytes: FileBytes,
-    unpacked: OnceLock<Result<Arc<Vec<u8>>, Error>>,
+    unpacked: OnceLock<Result<Option<Vec<u8>>, Error>>,
 }
 
 enum FileBytes {
@@ -226,21 +227,19 @@ impl Bundle {
         })
     }
 
-    /// The bytes of the code image `entry` of module `index`, verified as the options say.
-    fn code_image(&self, index: usize, entry: &EntryId) -> Result<Vec<u8>> {
+    /// The bytes of the code image `entry` of module `index`, borrowed from the mapped file or
+    /// its decompressed form, after the checks the options ask for.
+    fn code_image(&self, index: usize, entry: &EntryId) -> Result<&[u8]> {
         let inner = &*self.inner;
         let record = &inner.manifest.modules[index];
         let file = &inner.modules[index];
-        let unpacked = file
-            .unpacked
-            .get_or_init(|| file.unpack(record, inner.options).map(Arc::new))
-            .clone()?;
+        let bundle = file.bundle_bytes(record, inner.options)?;
         let format_error = |source| Error::Format {
             module: record.name.clone(),
             path: file.path.clone(),
             source,
         };
-        let parsed = OffloadBundle::parse(&unpacked).map_err(format_error)?;
+        let parsed = OffloadBundle::parse(bundle).map_err(format_error)?;
         let id = entry.to_string();
         let found = parsed.entry(&id).ok_or_else(|| Error::Mismatch {
             what: format!("module file {}", file.path.display()),
@@ -261,14 +260,9 @@ impl Bundle {
                 ),
             });
         }
-        if inner.options.verify_hashes {
-            check_sha256(
-                found.bytes,
-                &expected.sha256,
-                &format!("entry `{id}` of {}", file.path.display()),
-            )?;
-        }
-        Ok(found.bytes.to_vec())
+        // No second hash here: the file's SHA-256, checked when it was unpacked, covers every
+        // byte of every entry. The per-entry digests in the manifest are for other tools.
+        Ok(found.bytes)
     }
 }
 
@@ -300,8 +294,18 @@ impl ModuleFile {
         })
     }
 
-    /// The uncompressed bundle, after checking the file's hash.
-    fn unpack(&self, record: &ModuleRecord, options: OpenOptions) -> Result<Vec<u8>> {
+    /// The uncompressed bundle, after checking the file's hash: the mapped file itself, or its
+    /// decompressed form made on first use.
+    fn bundle_bytes(&self, record: &ModuleRecord, options: OpenOptions) -> Result<&[u8]> {
+        let unpacked = self
+            .unpacked
+            .get_or_init(|| self.unpack(record, options))
+            .as_ref()
+            .map_err(Clone::clone)?;
+        Ok(unpacked.as_deref().unwrap_or(self.bytes.as_slice()))
+    }
+
+    fn unpack(&self, record: &ModuleRecord, options: OpenOptions) -> Result<Option<Vec<u8>>> {
         let bytes = self.bytes.as_slice();
         let what = format!("module file {}", self.path.display());
         if options.verify_hashes {
@@ -316,13 +320,15 @@ impl ModuleFile {
                 ),
             });
         }
-        offload::decompress(bytes, false)
-            .map(|unpacked| unpacked.into_owned())
-            .map_err(|source| Error::Format {
+        match offload::decompress(bytes, false) {
+            Ok(std::borrow::Cow::Borrowed(_)) => Ok(None),
+            Ok(std::borrow::Cow::Owned(unpacked)) => Ok(Some(unpacked)),
+            Err(source) => Err(Error::Format {
                 module: record.name.clone(),
                 path: self.path.clone(),
                 source,
-            })
+            }),
+        }
     }
 }
 
@@ -488,7 +494,7 @@ impl LoadedBundle {
                 let handle = device.driver().load_module(
                     device.ordinal(),
                     slot.entry.image_kind(),
-                    &image,
+                    image,
                 )?;
                 Ok(Arc::new(LoadedModule {
                     device: device.clone(),
