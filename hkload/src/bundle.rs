@@ -13,7 +13,9 @@ use crate::device::Device;
 use crate::driver::{FunctionHandle, LaunchDims, ModuleHandle, StreamHandle};
 use crate::error::{Error, LaunchError, Result};
 use crate::launch::{Arg, ArgLayout, shared_memory_limit};
-use crate::manifest::{BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ModuleRecord};
+use crate::manifest::{
+    BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ModuleAbi, ModuleRecord,
+};
 use crate::offload::{self, OffloadBundle};
 use crate::select::{Selection, select};
 use crate::target::{EntryId, TargetId};
@@ -44,18 +46,27 @@ pub struct Bundle {
 struct Inner {
     /// Where the bundle came from, for messages: its folder, or `<embedded>`.
     origin: PathBuf,
+    source: Source,
     manifest: BundleManifest,
     modules: Vec<ModuleFile>,
+    /// Which module holds each kernel.
     kernels: HashMap<String, usize>,
     options: OpenOptions,
 }
 
+/// Where files other than the module files are read from, when they are needed.
+enum Source {
+    Dir,
+    Embedded(Vec<(String, &'static [u8])>),
+}
+
 /// The bytes of one module file and, once needed, its decompressed form (`None` when the file
-/// is a plain bundle and is used as it is).
+/// is a plain bundle and is used as it is) and its ABI file.
 struct ModuleFile {
     path: PathBuf,
     bytes: FileBytes,
     unpacked: OnceLock<Result<Option<Vec<u8>>, Error>>,
+    abi: OnceLock<Result<ModuleAbi, Error>>,
 }
 
 enum FileBytes {
@@ -122,11 +133,17 @@ impl Bundle {
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
             files.push(ModuleFile::new(path, FileBytes::Mapped(map), module)?);
         }
-        Ok(Self::assemble(dir.to_owned(), manifest, files, options))
+        Ok(Self::assemble(
+            dir.to_owned(),
+            Source::Dir,
+            manifest,
+            files,
+            options,
+        ))
     }
 
-    /// A bundle embedded in the program, e.g. with `include_bytes!`: the manifest text and each
-    /// module file's bytes under its file name.
+    /// A bundle embedded in the program, e.g. with `include_bytes!`: the manifest text and the
+    /// bytes of every other file of the bundle folder (module and ABI files) under its name.
     pub fn from_bytes(
         manifest: &str,
         files: &[(&str, &'static [u8])],
@@ -147,24 +164,33 @@ impl Bundle {
                 })?;
             modules.push(ModuleFile::new(path, FileBytes::Static(bytes), module)?);
         }
-        Ok(Self::assemble(origin, manifest, modules, options))
+        let files = files.iter().map(|(n, b)| ((*n).to_owned(), *b)).collect();
+        Ok(Self::assemble(
+            origin,
+            Source::Embedded(files),
+            manifest,
+            modules,
+            options,
+        ))
     }
 
     fn assemble(
         origin: PathBuf,
+        source: Source,
         manifest: BundleManifest,
         modules: Vec<ModuleFile>,
         options: OpenOptions,
     ) -> Self {
         let kernels = manifest
-            .kernels
+            .modules
             .iter()
             .enumerate()
-            .map(|(i, k)| (k.symbol.clone(), i))
+            .flat_map(|(i, m)| m.kernels.iter().map(move |k| (k.clone(), i)))
             .collect();
         Self {
             inner: Arc::new(Inner {
                 origin,
+                source,
                 manifest,
                 modules,
                 kernels,
@@ -175,6 +201,57 @@ impl Bundle {
 
     pub fn manifest(&self) -> &BundleManifest {
         &self.inner.manifest
+    }
+
+    /// Kernel `symbol`'s signature and per-target ABI, reading its module's ABI file on first
+    /// use.
+    pub fn kernel_record(&self, symbol: &str) -> Result<&KernelRecord> {
+        let inner = &*self.inner;
+        let index = *inner
+            .kernels
+            .get(symbol)
+            .ok_or_else(|| Error::UnknownKernel {
+                name: symbol.to_owned(),
+                known: inner.manifest.kernel_symbols().map(str::to_owned).collect(),
+            })?;
+        let abi = self.module_abi(index)?;
+        Ok(abi
+            .kernel(symbol)
+            .expect("an ABI file is accepted only if it lists exactly its module's kernels"))
+    }
+
+    /// Every kernel's record, modules in manifest order (reads every ABI file).
+    pub fn kernel_records(&self) -> Result<Vec<&KernelRecord>> {
+        let mut records = Vec::new();
+        for index in 0..self.inner.modules.len() {
+            records.extend(&self.module_abi(index)?.kernels);
+        }
+        Ok(records)
+    }
+
+    /// The ABI file of module `index`, read and checked on first use.
+    fn module_abi(&self, index: usize) -> Result<&ModuleAbi> {
+        let inner = &*self.inner;
+        let record = &inner.manifest.modules[index];
+        inner.modules[index]
+            .abi
+            .get_or_init(|| {
+                let path = inner.origin.join(&record.abi_file);
+                let bytes = inner.source.read(&path, &record.abi_file)?;
+                if inner.options.verify_hashes {
+                    check_sha256(&bytes, &record.abi_sha256, &format!("{}", path.display()))?;
+                }
+                let text = std::str::from_utf8(&bytes).map_err(|e| Error::Io {
+                    path: path.clone(),
+                    detail: format!("not UTF-8 text: {e}"),
+                })?;
+                ModuleAbi::from_toml(text, record).map_err(|source| Error::Manifest {
+                    path: path.clone(),
+                    source,
+                })
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// For each module, which entry would run on `device` and why every other was passed over.
@@ -266,6 +343,28 @@ impl Bundle {
     }
 }
 
+impl Source {
+    /// The bytes of the bundle file `name` (at `path` when the bundle is a folder).
+    fn read(&self, path: &Path, name: &str) -> Result<std::borrow::Cow<'static, [u8]>> {
+        match self {
+            Self::Dir => std::fs::read(path)
+                .map(std::borrow::Cow::Owned)
+                .map_err(|e| Error::Io {
+                    path: path.to_owned(),
+                    detail: e.to_string(),
+                }),
+            Self::Embedded(files) => files
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, bytes)| std::borrow::Cow::Borrowed(*bytes))
+                .ok_or_else(|| Error::Io {
+                    path: path.to_owned(),
+                    detail: format!("`{name}` was not among the embedded files"),
+                }),
+        }
+    }
+}
+
 fn parse_manifest(text: &str, path: &Path) -> Result<BundleManifest> {
     BundleManifest::from_toml(text).map_err(|source| Error::Manifest {
         path: path.to_owned(),
@@ -291,6 +390,7 @@ impl ModuleFile {
             path,
             bytes,
             unpacked: OnceLock::new(),
+            abi: OnceLock::new(),
         })
     }
 
@@ -443,26 +543,10 @@ impl LoadedBundle {
 
     /// The kernel `symbol`, loading its module on first use.
     pub fn kernel(&self, symbol: &str) -> Result<Kernel> {
-        let bundle = &self.inner.bundle.inner;
-        let record = bundle
-            .kernels
-            .get(symbol)
-            .map(|&i| &bundle.manifest.kernels[i])
-            .ok_or_else(|| Error::UnknownKernel {
-                name: symbol.to_owned(),
-                known: bundle
-                    .manifest
-                    .kernels
-                    .iter()
-                    .map(|k| k.symbol.clone())
-                    .collect(),
-            })?;
-        let slot = self
-            .inner
-            .modules
-            .iter()
-            .find(|slot| bundle.manifest.modules[slot.index].name == record.module)
-            .expect("manifest validation guarantees every kernel's module exists");
+        let bundle = &self.inner.bundle;
+        let record = bundle.kernel_record(symbol)?;
+        // `kernel_record` found the kernel, so its module is known; slots are in module order.
+        let slot = &self.inner.modules[bundle.inner.kernels[symbol]];
         let abi = kernel_abi(record, &slot.entry)?;
         let layout = ArgLayout::new(
             &record.args,

@@ -1,5 +1,6 @@
-//! The bundle manifest, `bundle.toml`: what a bundle folder holds and what every kernel in it
-//! expects. hkpack writes it; hkload reads it before touching any module file.
+//! The bundle manifest, `bundle.toml`, and the modules' ABI files: what a bundle folder holds
+//! and what every kernel in it expects. hkpack writes them; hkload reads the manifest before
+//! touching any module file, and a module's ABI file when the module is first used.
 //!
 //! ```toml
 //! format_version = "1.0"
@@ -20,14 +21,20 @@
 //! size = 9472
 //! sha256 = "…"
 //! compressed = true
+//! kernels = ["rmsnorm_bf16", "rmsnorm_f16", "rmsnorm_f32"]
+//! abi_file = "rmsnorm.abi.toml"
+//! abi_sha256 = "…"
 //! [[module.entry]]
 //! id = "hipv4-amdgcn-amd-amdhsa--gfx942"
 //! size = 5384
 //! sha256 = "…"
+//! ```
 //!
+//! and per module an ABI file, `rmsnorm.abi.toml`, read only when the module is first used:
+//!
+//! ```toml
 //! [[kernel]]
 //! symbol = "rmsnorm_bf16"
-//! module = "rmsnorm"
 //! args = ["out: *mut bf16", "x: *const bf16", "weight: *const bf16", "eps: f32", "rows: u32", "cols: u32"]
 //! [[kernel.target]]
 //! target = "gfx942"
@@ -45,6 +52,9 @@ use crate::target::{EntryId, TargetId};
 /// The file name of the manifest inside a bundle folder.
 pub const MANIFEST_FILE: &str = "bundle.toml";
 
+/// The file-name extension of a module's ABI file: `<module>.abi.toml`.
+pub const ABI_EXTENSION: &str = "abi.toml";
+
 /// The bundle format this crate writes. Readers accept any minor version of the same major.
 pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 0 };
 
@@ -58,8 +68,6 @@ pub struct BundleManifest {
     pub toolchain: Toolchain,
     #[serde(rename = "module", default)]
     pub modules: Vec<ModuleRecord>,
-    #[serde(rename = "kernel", default)]
-    pub kernels: Vec<KernelRecord>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,6 +102,13 @@ pub struct ModuleRecord {
     pub sha256: String,
     /// Whether the file is a compressed (`CCOB`) bundle.
     pub compressed: bool,
+    /// The kernels the module holds, in declaration order.
+    pub kernels: Vec<String>,
+    /// The module's ABI file (`<module>.abi.toml`: each kernel's signature and per-target
+    /// ABI), read only when the module is used, so opening a bundle stays cheap.
+    pub abi_file: String,
+    /// SHA-256 of the ABI file, lower-case hex.
+    pub abi_sha256: String,
     #[serde(rename = "entry")]
     pub entries: Vec<EntryRecord>,
 }
@@ -109,12 +124,46 @@ pub struct EntryRecord {
     pub sha256: String,
 }
 
+/// A module's ABI file: every kernel of the module with its signature and per-target ABI.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModuleAbi {
+    #[serde(rename = "kernel", default)]
+    pub kernels: Vec<KernelRecord>,
+}
+
+impl ModuleAbi {
+    /// Reads the ABI file of `module`, which must describe exactly the kernels the bundle
+    /// manifest lists for it.
+    pub fn from_toml(text: &str, module: &ModuleRecord) -> Result<Self, ManifestError> {
+        let abi: Self = toml::from_str(text).map_err(|e| ManifestError::Syntax(e.to_string()))?;
+        let symbols: Vec<&str> = abi.kernels.iter().map(|k| k.symbol.as_str()).collect();
+        if symbols != module.kernels {
+            return Err(ManifestError::Invalid(format!(
+                "the ABI file of module `{}` describes kernels [{}] but the manifest lists [{}]",
+                module.name,
+                symbols.join(", "),
+                module.kernels.join(", ")
+            )));
+        }
+        Ok(abi)
+    }
+
+    /// The ABI file as TOML text; deterministic for the same kernels.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("an ABI file always serialises: every key is a string")
+    }
+
+    pub fn kernel(&self, symbol: &str) -> Option<&KernelRecord> {
+        self.kernels.iter().find(|k| k.symbol == symbol)
+    }
+}
+
 /// One kernel: its declared signature and, per build target, the ABI of its code.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KernelRecord {
     pub symbol: String,
-    pub module: String,
     pub args: Signature,
     #[serde(rename = "target")]
     pub targets: Vec<KernelAbi>,
@@ -252,8 +301,18 @@ impl BundleManifest {
         self.modules.iter().find(|m| m.name == name)
     }
 
-    pub fn kernel(&self, symbol: &str) -> Option<&KernelRecord> {
-        self.kernels.iter().find(|k| k.symbol == symbol)
+    /// The module that holds kernel `symbol`.
+    pub fn module_of(&self, symbol: &str) -> Option<&ModuleRecord> {
+        self.modules
+            .iter()
+            .find(|m| m.kernels.iter().any(|k| k == symbol))
+    }
+
+    /// Every kernel's symbol, modules in order.
+    pub fn kernel_symbols(&self) -> impl Iterator<Item = &str> {
+        self.modules
+            .iter()
+            .flat_map(|m| m.kernels.iter().map(String::as_str))
     }
 
     /// Checks what serde cannot: names unique, references resolve, files stay in the folder.
@@ -266,14 +325,15 @@ impl BundleManifest {
                     module.name
                 )));
             }
-            let plain_name = !module.file.is_empty()
-                && !module.file.starts_with('.')
-                && !module.file.contains(['/', '\\']);
-            if !plain_name {
-                return Err(ManifestError::Invalid(format!(
-                    "module `{}` names file `{}`, which is not a plain file name in the bundle folder",
-                    module.name, module.file
-                )));
+            for file in [&module.file, &module.abi_file] {
+                let plain_name =
+                    !file.is_empty() && !file.starts_with('.') && !file.contains(['/', '\\']);
+                if !plain_name {
+                    return Err(ManifestError::Invalid(format!(
+                        "module `{}` names file `{file}`, which is not a plain file name in the bundle folder",
+                        module.name
+                    )));
+                }
             }
             let mut entries = std::collections::HashSet::new();
             for entry in &module.entries {
@@ -286,17 +346,10 @@ impl BundleManifest {
             }
         }
         let mut symbols = std::collections::HashSet::new();
-        for kernel in &self.kernels {
-            if !symbols.insert(kernel.symbol.as_str()) {
+        for symbol in self.kernel_symbols() {
+            if !symbols.insert(symbol) {
                 return Err(ManifestError::Invalid(format!(
-                    "kernel `{}` is listed twice",
-                    kernel.symbol
-                )));
-            }
-            if !modules.contains(kernel.module.as_str()) {
-                return Err(ManifestError::Invalid(format!(
-                    "kernel `{}` names module `{}`, which the manifest does not list",
-                    kernel.symbol, kernel.module
+                    "kernel `{symbol}` is listed twice"
                 )));
             }
         }

@@ -23,7 +23,7 @@ pub struct Row {
 }
 
 /// The rows for `bundle`, modules and kernels in manifest order, targets in build order.
-pub fn rows(bundle: &Bundle) -> Vec<Row> {
+pub fn rows(bundle: &Bundle) -> Result<Vec<Row>, hkload::Error> {
     let manifest = bundle.manifest();
     let mut rows = Vec::new();
     for module in &manifest.modules {
@@ -35,7 +35,8 @@ pub fn rows(bundle: &Bundle) -> Vec<Row> {
                 .iter()
                 .find(|e| e.id.target() == *target)
                 .map_or(0, |e| e.size);
-            for kernel in manifest.kernels.iter().filter(|k| k.module == module.name) {
+            for symbol in &module.kernels {
+                let kernel = bundle.kernel_record(symbol)?;
                 let Some(abi) = kernel.abi_for(target) else {
                     continue;
                 };
@@ -60,7 +61,7 @@ pub fn rows(bundle: &Bundle) -> Vec<Row> {
             }
         }
     }
-    rows
+    Ok(rows)
 }
 
 /// The rows as an aligned text table.

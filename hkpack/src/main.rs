@@ -108,7 +108,7 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Inspect { bundle, json } => {
-            let rows = inspect::rows(&Bundle::open(&bundle)?);
+            let rows = inspect::rows(&Bundle::open(&bundle)?)?;
             emit(&if json {
                 to_json(&rows)
             } else {

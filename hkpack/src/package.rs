@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use hkload::bundle::hex;
 use hkload::code_object::KernelFacts;
 use hkload::manifest::{
-    BundleManifest, EntryRecord, FORMAT_VERSION, KernelAbi, KernelRecord, MANIFEST_FILE,
-    ModuleRecord, Package as PackageRecord, Toolchain as ToolchainRecord,
+    ABI_EXTENSION, BundleManifest, EntryRecord, FORMAT_VERSION, KernelAbi, KernelRecord,
+    MANIFEST_FILE, ModuleAbi, ModuleRecord, Package as PackageRecord, Toolchain as ToolchainRecord,
 };
 use hkload::offload;
 use hkload::target::{EntryId, TargetId};
@@ -89,14 +89,13 @@ pub fn write(
         },
         toolchain: contents.toolchain.clone(),
         modules: Vec::new(),
-        kernels: Vec::new(),
     };
     let mut files = Vec::new();
     for (module, code) in &contents.modules {
-        let (record, bytes) = module_file(module, code, contents.compress, cache)?;
+        let (record, bytes, abi) = module_files(module, code, contents.compress, cache)?;
+        files.push((record.file.clone(), bytes));
+        files.push((record.abi_file.clone(), abi));
         manifest.modules.push(record);
-        files.push((format!("{}.{MODULE_EXTENSION}", module.name), bytes));
-        manifest.kernels.extend(kernel_records(module, code));
     }
     files.push((MANIFEST_FILE.to_owned(), manifest.to_toml().into_bytes()));
 
@@ -114,12 +113,13 @@ pub fn write(
     Ok((dest, total))
 }
 
-fn module_file(
+/// A module's record for the manifest, its bundle file and its ABI file.
+fn module_files(
     module: &Module,
     code: &[TargetCode],
     compress: bool,
     cache: &Cache,
-) -> Result<(ModuleRecord, Vec<u8>), PackageError> {
+) -> Result<(ModuleRecord, Vec<u8>, Vec<u8>), PackageError> {
     let images: Vec<(String, &[u8])> = code
         .iter()
         .flat_map(|t| &t.images)
@@ -138,6 +138,11 @@ fn module_file(
     } else {
         plain
     };
+    let abi = ModuleAbi {
+        kernels: kernel_records(module, code),
+    }
+    .to_toml()
+    .into_bytes();
     let entries = code
         .iter()
         .flat_map(|t| &t.images)
@@ -153,9 +158,12 @@ fn module_file(
         size: bytes.len() as u64,
         sha256: hex(&Sha256::digest(&bytes)),
         compressed: compress,
+        kernels: module.kernels.iter().map(|k| k.symbol.clone()).collect(),
+        abi_file: format!("{}.{ABI_EXTENSION}", module.name),
+        abi_sha256: hex(&Sha256::digest(&abi)),
         entries,
     };
-    Ok((record, bytes))
+    Ok((record, bytes, abi))
 }
 
 fn kernel_records(module: &Module, code: &[TargetCode]) -> Vec<KernelRecord> {
@@ -165,7 +173,6 @@ fn kernel_records(module: &Module, code: &[TargetCode]) -> Vec<KernelRecord> {
         .enumerate()
         .map(|(i, decl)| KernelRecord {
             symbol: decl.symbol.clone(),
-            module: module.name.clone(),
             args: decl.args.clone(),
             targets: code
                 .iter()

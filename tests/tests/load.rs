@@ -182,7 +182,7 @@ fn every_kernel_packs_at_metadata_offsets_and_refuses_wrong_arguments() {
     ] {
         let (driver, device) = simulated(device_id);
         let loaded = bundle.load(&device).unwrap();
-        for record in &bundle.manifest().kernels {
+        for record in bundle.kernel_records().unwrap() {
             let kernel = loaded.kernel(&record.symbol).unwrap();
             let abi = kernel.abi().clone();
             let dims = LaunchDims::linear(3, 64);
@@ -334,12 +334,7 @@ fn modules_load_once_under_concurrent_first_use() {
     let bundle = Bundle::open(bundle_dir).unwrap();
     let (driver, device) = simulated("gfx942:sramecc+:xnack-");
     let loaded = bundle.load(&device).unwrap();
-    let symbols: Vec<String> = bundle
-        .manifest()
-        .kernels
-        .iter()
-        .map(|k| k.symbol.clone())
-        .collect();
+    let symbols: Vec<&str> = bundle.manifest().kernel_symbols().collect();
     std::thread::scope(|s| {
         for _ in 0..8 {
             s.spawn(|| {
@@ -380,16 +375,37 @@ fn every_damaged_byte_and_every_truncation_is_an_error() {
         let (_package, dir) = small_bundle(compress);
         let manifest = std::fs::read_to_string(dir.join("bundle.toml")).unwrap();
         let module = std::fs::read(dir.join("scale.hipfb")).unwrap();
+        let abi = std::fs::read(dir.join("scale.abi.toml")).unwrap();
         let leak = |bytes: Vec<u8>| -> &'static [u8] { Box::leak(bytes.into_boxed_slice()) };
-        let try_load = |bytes: &'static [u8], options: OpenOptions| -> Result<(), Error> {
-            let bundle = Bundle::from_bytes(&manifest, &[("scale.hipfb", bytes)], options)?;
+        let (module_ok, abi_ok) = (leak(module.clone()), leak(abi.clone()));
+        let load_both = |module: &'static [u8], abi: &'static [u8], options| -> Result<(), Error> {
+            let files = [("scale.hipfb", module), ("scale.abi.toml", abi)];
+            let bundle = Bundle::from_bytes(&manifest, &files, options)?;
             for device in ["gfx942:sramecc+:xnack-", "sm_90"] {
                 let (_driver, device) = simulated(device);
-                bundle.load(&device)?.preload()?;
+                let loaded = bundle.load(&device)?;
+                loaded.preload()?;
+                loaded.kernel("scale")?;
             }
             Ok(())
         };
-        try_load(leak(module.clone()), OpenOptions::default()).unwrap();
+        let try_load = |module, options| load_both(module, abi_ok, options);
+        try_load(module_ok, OpenOptions::default()).unwrap();
+
+        // The ABI file: any change is caught by its hash, and never panics without one.
+        for at in 0..abi.len() {
+            let mut damaged = abi.clone();
+            damaged[at] ^= 0x5a;
+            let damaged = leak(damaged);
+            assert!(
+                load_both(module_ok, damaged, OpenOptions::default()).is_err(),
+                "a change at byte {at} of the ABI file went unnoticed"
+            );
+            let unverified = OpenOptions {
+                verify_hashes: false,
+            };
+            let _ = load_both(module_ok, damaged, unverified);
+        }
 
         let step = if compress { 1 } else { 7 };
         for at in (0..module.len()).step_by(step) {

@@ -122,7 +122,7 @@ fn run() -> Result<bool, String> {
         Some(name) => cases.into_iter().find(|case| &case.kernel == name),
         None => cases
             .into_iter()
-            .find(|case| bundle.manifest().kernel(&case.kernel).is_some()),
+            .find(|case| bundle.manifest().module_of(&case.kernel).is_some()),
     }
     .ok_or_else(|| match &options.kernel {
         Some(name) => format!("hk_tests has no test case for kernel `{name}`"),
@@ -161,10 +161,7 @@ fn run() -> Result<bool, String> {
 
     let buffers = CaseBuffers::upload(&device, &case).map_err(text)?;
     let args = buffers.args();
-    let record = bundle
-        .manifest()
-        .kernel(&case.kernel)
-        .ok_or_else(|| format!("the bundle has no kernel `{}`", case.kernel))?;
+    let record = bundle.kernel_record(&case.kernel).map_err(text)?;
     // (offset, size) of each argument: offsets from the code object, sizes from the signature.
     let arg_slots: Vec<(u32, u32)> = kernel
         .abi()
@@ -234,13 +231,10 @@ struct Images {
 
 impl Images {
     fn read(dir: &Path, bundle: &Bundle, device: &Device, kernel: &str) -> Result<Self, String> {
-        let manifest = bundle.manifest();
-        let record = manifest
-            .kernel(kernel)
+        let module = bundle
+            .manifest()
+            .module_of(kernel)
             .ok_or_else(|| format!("the bundle has no kernel `{kernel}`"))?;
-        let module = manifest
-            .module(&record.module)
-            .ok_or_else(|| format!("the bundle has no module `{}`", record.module))?;
         let file = std::fs::read(dir.join(&module.file)).map_err(text)?;
         let unpacked = offload::decompress(&file, true).map_err(text)?;
         let parsed = OffloadBundle::parse(&unpacked).map_err(text)?;

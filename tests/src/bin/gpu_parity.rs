@@ -119,8 +119,7 @@ fn run() -> Result<bool, String> {
     let mut passed = 0usize;
     let mut failed = 0usize;
     let mut without_case = Vec::new();
-    for record in &bundle.manifest().kernels {
-        let symbol = record.symbol.as_str();
+    for symbol in bundle.manifest().kernel_symbols() {
         let kernel_cases: Vec<&Case> = cases.iter().filter(|c| c.kernel == symbol).collect();
         if kernel_cases.is_empty() {
             without_case.push(symbol);
@@ -131,7 +130,7 @@ fn run() -> Result<bool, String> {
         failed += report.failures.len();
         println!("{report}");
     }
-    let known = |case: &&Case| bundle.manifest().kernel(&case.kernel).is_some();
+    let known = |case: &&Case| bundle.manifest().module_of(&case.kernel).is_some();
     for case in cases.iter().filter(|case| !known(case)) {
         failed += 1;
         println!(
