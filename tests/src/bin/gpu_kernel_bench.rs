@@ -92,9 +92,12 @@ const MAX_MEMSETS: usize = 512;
 const CHECK_LIMIT: f64 = 1e-2;
 /// Seed of the inputs, so that two runs time the same data.
 const NOISE_SEED: u64 = 0x6b65_726e_656c;
-/// Distinct noise values; not a power of two, so consecutive copies of a tensor never hold the
-/// same bytes.
+/// Distinct noise values; not a power of two, so the copies of a tensor (a power of two in
+/// size, or near) do not repeat one another.
 const NOISE_VALUES: usize = (1 << 24) + 43;
+/// Values between the places in the noise where two arguments' tensors start, so that `x` and
+/// `residual` differ.
+const NOISE_STRIDE: usize = 7_919_999;
 
 /// The shapes of the benchmark, each kernel's smallest first (it is the one checked): the
 /// seed's tables (RMSNorm and softmax from 128 to 65536 rows of 128; fused add-RMSNorm and
@@ -258,7 +261,7 @@ fn run() -> Result<bool, String> {
             .end()
     );
     eprintln!("making the input noise ...");
-    let noise = Noise::new(&mut StdRng::seed_from_u64(NOISE_SEED));
+    let noise = Noise::new(&mut StdRng::seed_from_u64(NOISE_SEED), NOISE_VALUES);
 
     let bench = Bench {
         device: &device,
@@ -717,7 +720,7 @@ fn sets(set_bytes: u64, iters: usize) -> usize {
 }
 
 /// Host values by argument name.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Named(Vec<(&'static str, Vec<f64>)>);
 
 impl Named {
@@ -747,8 +750,9 @@ struct Noise {
 }
 
 impl Noise {
-    fn new(rng: &mut impl Rng) -> Self {
-        let bytes = (0..NOISE_VALUES)
+    /// `values` of them, drawn from `rng`.
+    fn new(rng: &mut impl Rng, values: usize) -> Self {
+        let bytes = (0..values.max(1))
             .flat_map(|_| bf16::from_f64(rng.random_range(-2.0..2.0)).to_le_bytes())
             .collect();
         Self { bytes }
@@ -757,7 +761,7 @@ impl Noise {
     /// `len` bytes of noise starting `start` values in.
     fn take(&self, start: usize, len: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(len);
-        let mut from = (start % NOISE_VALUES) * 2;
+        let mut from = start * 2 % self.bytes.len();
         while out.len() < len {
             let piece = self.bytes.get(from..).unwrap_or(&[]);
             let piece = piece.get(..len - out.len()).unwrap_or(piece);
@@ -781,10 +785,7 @@ fn host_bytes(
     let copies = if spec.role.rotated() { sets } else { 1 };
     let len = spec.bytes() as usize * copies;
     match &spec.role {
-        Role::Input | Role::InOut | Role::Weight => {
-            // Each tensor starts somewhere else in the noise, so that x and residual differ.
-            Some(noise.take(index * 7_919_999, len))
-        }
+        Role::Input | Role::InOut | Role::Weight => Some(noise.take(index * NOISE_STRIDE, len)),
         Role::Table(values) => Some(hk_tests::host::encode(spec.elem, values)),
         Role::Output => poison.then(|| vec![POISON_BYTE; len]),
     }
@@ -915,10 +916,7 @@ impl Bench<'_> {
         let mut record = workload.record(self.iters);
         let mut ok = true;
         if check {
-            let checked = self.check(kernel, workload);
-            // Whatever the check left queued is done before its buffers go.
-            let _ = self.device.synchronize();
-            let json = match checked {
+            let json = match self.check(kernel, workload) {
                 Ok(checked) => {
                     let passed = checked.rel_err <= CHECK_LIMIT && checked.problem.is_none();
                     ok &= passed;
@@ -938,10 +936,7 @@ impl Bench<'_> {
             };
             record = record.field("check", &json);
         }
-        let timing = self.time(kernel, workload);
-        // The launches are done before the buffers they use are freed, also after an error.
-        let _ = self.device.synchronize();
-        match timing {
+        match self.time(kernel, workload) {
             Ok(timing) => {
                 record = record
                     .field("median_us", &timing.median_us)
@@ -972,7 +967,8 @@ impl Bench<'_> {
         let tensors = DeviceTensors::place(self.device, &specs, 1, &host)?;
         // SAFETY: every buffer holds the elements the kernel's header says it reads or writes
         // for this shape (the table and the launch come from one `Workload`), and all of them
-        // live until after the synchronisation below.
+        // live until after the synchronisation below (which, should it fail, leaves a context
+        // that runs nothing more).
         unsafe { kernel.launch(&workload.dims(), StreamHandle::DEFAULT, &tensors.args(0)) }
             .map_err(text)?;
         self.device.synchronize().map_err(text)?;
@@ -1074,11 +1070,14 @@ impl Bench<'_> {
         let dims = workload.dims();
         let launch = |i: usize| {
             let args = args.get(i % sets).map_or(&[][..], Vec::as_slice);
-            // SAFETY: as in `check`, with copy `i % sets` of every rotated tensor; the caller
-            // synchronises before `tensors` is dropped.
+            // SAFETY: as in `check`, with copy `i % sets` of every rotated tensor; `tensors`
+            // outlives the synchronisation below.
             unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, args) }.map_err(text)
         };
-        self.timer.time(launch, self.iters)
+        let timing = self.timer.time(launch, self.iters);
+        // Every launch is done before `tensors` is freed, also after an error.
+        let _ = self.device.synchronize();
+        timing
     }
 }
 
@@ -1396,5 +1395,170 @@ impl<T: ToJson> ToJson for [T] {
             value.write_json(out);
         }
         out.push(']');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hkload::abi::ParamType;
+
+    #[test]
+    fn every_workload_matches_its_kernel_signature() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests");
+        let package = hkpack::manifest::Package::load(&dir).expect("the manifests load");
+        let kernels: Vec<_> = package.modules.iter().flat_map(|m| &m.kernels).collect();
+        for workload in WORKLOADS {
+            let symbol = workload.symbol();
+            let decl = kernels
+                .iter()
+                .find(|k| k.symbol == symbol)
+                .unwrap_or_else(|| panic!("no kernel {symbol} in the manifests"));
+            let args = workload.args();
+            assert_eq!(args.len(), decl.args.len(), "{symbol}");
+            for (arg, param) in args.iter().zip(&decl.args) {
+                match arg {
+                    ArgSpec::Tensor(tensor) => {
+                        assert_eq!(tensor.name, param.name, "{symbol}");
+                        let want = ParamType::Pointer {
+                            pointee: tensor.elem,
+                            mutable: tensor.role.written(),
+                        };
+                        assert_eq!(param.ty, want, "{symbol} {}", param.name);
+                    }
+                    ArgSpec::Scalar(value) => {
+                        assert_eq!(
+                            param.ty,
+                            ParamType::Scalar(value.ty()),
+                            "{symbol} {}",
+                            param.name
+                        )
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn each_kernel_is_checked_on_its_smallest_shape() {
+        let bytes = |w: Workload| -> u64 {
+            w.args()
+                .iter()
+                .filter_map(|a| match a {
+                    ArgSpec::Tensor(t) => Some(t.bytes()),
+                    ArgSpec::Scalar(_) => None,
+                })
+                .sum()
+        };
+        let mut first = HashSet::new();
+        for (i, w) in WORKLOADS.iter().enumerate() {
+            if first.insert(w.kernel()) {
+                let later = WORKLOADS[i..].iter().filter(|v| v.kernel() == w.kernel());
+                assert!(
+                    later.clone().all(|v| bytes(*v) >= bytes(*w)),
+                    "{}",
+                    w.shape()
+                );
+                assert!(
+                    bytes(*w) < 100 << 20,
+                    "{} {} is slow to check",
+                    w.kernel(),
+                    w.shape()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rotation_outgrows_the_cache_but_not_the_launches() {
+        assert_eq!(
+            sets(64 << 10, 200),
+            WARMUP + 200,
+            "no more copies than launches"
+        );
+        assert_eq!(sets(100 << 20, 200), 3);
+        assert_eq!(sets(1 << 30, 200), 2, "at least two copies");
+        assert_eq!(sets(0, 100), WARMUP + 100);
+    }
+
+    #[test]
+    fn records_count_the_bytes_each_tensor_moves() {
+        let record = Workload::norm(NormKind::FusedAddRmsNorm, 4, 8)
+            .record(100)
+            .end();
+        // x and residual read, residual and out written: 4 tensors of 4·8 bf16; weight read once.
+        let bytes = 4 * 4 * 8 * 2 + 8 * 2;
+        assert!(record.contains(&format!("\"bytes\":{bytes},")), "{record}");
+        let record = Workload::topk(2, 16, 4).record(100).end();
+        let bytes = 2 * 16 * 2 + 2 * 4 * (2 + 4);
+        assert!(record.contains(&format!("\"bytes\":{bytes},")), "{record}");
+        assert!(
+            record.contains("\"params\":{\"rows\":2,\"n\":16,\"k\":4}"),
+            "{record}"
+        );
+    }
+
+    #[test]
+    fn json_escapes_strings_and_writes_null_for_what_is_not_a_number() {
+        let nested = Json::object().field("k", &3usize);
+        let list = [Json::object().field("b", &true)];
+        let text = Json::object()
+            .field("s", "a\"b\\c\nd\u{1}")
+            .field("x", &1.5f64)
+            .field("nan", &f64::NAN)
+            .field("none", &None::<&str>)
+            .field("o", &nested)
+            .field("l", list.as_slice())
+            .end();
+        assert_eq!(
+            text,
+            r#"{"s":"a\"b\\c\nd\u0001","x":1.5e0,"nan":null,"none":null,"o":{"k":3},"l":[{"b":true}]}"#
+        );
+    }
+
+    #[test]
+    fn noise_wraps_around() {
+        let noise = Noise::new(&mut StdRng::seed_from_u64(1), 3);
+        let all = noise.take(0, 6);
+        assert_eq!(noise.take(2, 8), [&all[4..], &all[..], &all[..0]].concat());
+        assert_eq!(noise.take(4, 2), all[2..4]);
+        let values = decode(ELEM, &all);
+        assert!(values.iter().all(|v| (-2.0..2.0).contains(v)), "{values:?}");
+    }
+
+    #[test]
+    fn the_reference_passes_and_wrong_topk_outputs_do_not() {
+        let workload = Workload::topk(2, 4, 2);
+        let inputs = Named::one("x", vec![1.0, 4.0, -2.0, 3.0, 0.5, 0.25, 7.0, 0.5]);
+        let want = workload.reference(&inputs).unwrap();
+        assert_eq!(want.get("values").unwrap(), [4.0, 3.0, 7.0, 0.5]);
+        let mut got = Named::default();
+        got.push("values", vec![4.0, 3.0, 7.0, 0.5]);
+        got.push("indices", vec![1.0, 3.0, 2.0, 3.0]);
+        assert_eq!(workload.exact_problem(&inputs, &got, &want).unwrap(), None);
+
+        let mut got = Named::default();
+        got.push("values", vec![4.0, 3.0, 7.0, 0.5]);
+        got.push("indices", vec![1.0, 3.0, 2.0, 4.0]);
+        let problem = workload.exact_problem(&inputs, &got, &want).unwrap();
+        assert!(problem.unwrap().contains("0 top-k values differ"));
+
+        let mut got = Named::default();
+        got.push("values", vec![4.0, 1.0, 7.0, 0.5]);
+        got.push("indices", vec![1.0, 0.0, 2.0, 1.0]);
+        let problem = workload
+            .exact_problem(&inputs, &got, &want)
+            .unwrap()
+            .unwrap();
+        assert!(problem.starts_with("1 top-k values differ"), "{problem}");
+        assert!(problem.contains("and 1 indices"), "{problem}");
+    }
+
+    #[test]
+    fn a_missing_tensor_is_an_error_not_a_panic() {
+        let error = Workload::softmax(1, 4)
+            .reference(&Named::default())
+            .unwrap_err();
+        assert_eq!(error, "the check has no tensor `x`");
     }
 }
