@@ -11,7 +11,7 @@
 //!
 //! ```no_run
 //! let bundle = hkload::Bundle::open("dist/hk-kernels-0.1.0")?;
-//! println!("{} kernels", bundle.manifest().kernels.len());
+//! println!("{} kernels", bundle.manifest().kernel_symbols().count());
 //! # Ok::<(), hkload::Error>(())
 //! ```
 //!
@@ -89,6 +89,7 @@
 pub mod abi;
 pub mod auto;
 pub mod bundle;
+#[cfg(feature = "code-object")]
 pub mod code_object;
 pub mod device;
 pub mod driver;

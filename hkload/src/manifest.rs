@@ -46,7 +46,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::abi::Signature;
-use crate::code_object::KernelFacts;
 use crate::target::{EntryId, TargetId};
 
 /// The file name of the manifest inside a bundle folder.
@@ -208,27 +207,6 @@ pub struct KernelAbi {
     pub private_segment_size: u32,
     pub wavefront_size: u32,
     pub max_flat_workgroup_size: u32,
-}
-
-impl KernelAbi {
-    /// The ABI of `facts`, the code object's facts for a kernel built for `target`.
-    pub fn new(target: TargetId, facts: &KernelFacts) -> Self {
-        Self {
-            target,
-            arg_offsets: facts.args.iter().map(|a| a.offset).collect(),
-            kernarg_size: facts.kernarg_size,
-            kernarg_align: facts.kernarg_align,
-            sgpr_count: facts.sgpr_count,
-            vgpr_count: facts.vgpr_count,
-            agpr_count: facts.agpr_count,
-            registers: facts.registers,
-            spills: facts.sgpr_spill_count + facts.vgpr_spill_count,
-            group_segment_size: facts.group_segment_size,
-            private_segment_size: facts.private_segment_size,
-            wavefront_size: facts.wavefront_size,
-            max_flat_workgroup_size: facts.max_flat_workgroup_size,
-        }
-    }
 }
 
 /// `major.minor`; a reader refuses a newer major and accepts any minor.

@@ -176,10 +176,30 @@ fn kernel_records(module: &Module, code: &[TargetCode]) -> Vec<KernelRecord> {
             args: decl.args.clone(),
             targets: code
                 .iter()
-                .map(|t| KernelAbi::new(t.target, &t.kernels[i]))
+                .map(|t| kernel_abi(t.target, &t.kernels[i]))
                 .collect(),
         })
         .collect()
+}
+
+/// What the bundle records of a kernel's code for `target`: the code object's facts, with
+/// arguments reduced to their offsets (their sizes and kinds are the declared ones, checked).
+fn kernel_abi(target: TargetId, facts: &KernelFacts) -> KernelAbi {
+    KernelAbi {
+        target,
+        arg_offsets: facts.args.iter().map(|a| a.offset).collect(),
+        kernarg_size: facts.kernarg_size,
+        kernarg_align: facts.kernarg_align,
+        sgpr_count: facts.sgpr_count,
+        vgpr_count: facts.vgpr_count,
+        agpr_count: facts.agpr_count,
+        registers: facts.registers,
+        spills: facts.sgpr_spill_count + facts.vgpr_spill_count,
+        group_segment_size: facts.group_segment_size,
+        private_segment_size: facts.private_segment_size,
+        wavefront_size: facts.wavefront_size,
+        max_flat_workgroup_size: facts.max_flat_workgroup_size,
+    }
 }
 
 /// Whether `dir` holds exactly `files` with exactly these bytes (a no-op rebuild).
