@@ -27,8 +27,8 @@
 //! ```
 //!
 //! **3. Open a device and bind the bundle to it.** A [`Device`] is one GPU of a [`Driver`]:
-//! CUDA or HIP (cargo features `cuda`, `hip`), or the [`RecordingDriver`] that tests use to
-//! pretend to be any GPU. [`Bundle::load`] chooses every module's code object for the device
+//! CUDA or HIP (cargo features `cuda`, `hip`; [`auto::first_device`] takes the first GPU of
+//! either), or the [`RecordingDriver`] that tests use to pretend to be any GPU. [`Bundle::load`] chooses every module's code object for the device
 //! and fails right there, with the explanation, if some module has none that can run on it.
 //! Modules are then loaded on first use, once, however many threads ask.
 //!
@@ -69,9 +69,12 @@
 //! let rmsnorm = kernels.kernel("rmsnorm_bf16")?;
 //! let args = [Arg::from(&mut out), Arg::from(&x), Arg::from(&weight), Arg::from(1e-6f32),
 //!             Arg::from(rows), Arg::from(cols)];
+//! // The launch shape is the kernel's own (its source says): 256 threads, and for 4096
+//! // bf16 columns a team of 128 lanes a row, so 2 rows a block.
+//! let dims = LaunchDims::linear(rows.div_ceil(2), 256);
 //! // SAFETY: the buffers hold `rows * cols` and `cols` elements, as the kernel reads them,
 //! // and outlive the kernel: `synchronize` waits for it.
-//! unsafe { rmsnorm.launch(&LaunchDims::linear(rows, 256), StreamHandle::DEFAULT, &args)? };
+//! unsafe { rmsnorm.launch(&dims, StreamHandle::DEFAULT, &args)? };
 //! device.synchronize()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
