@@ -40,6 +40,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use device_case::{CaseBuffers, run_case};
+use hk_tests::timing::Stats;
 
 const USAGE: &str = "usage: gpu_bench <bundle folder> [--kernel NAME]";
 
@@ -472,29 +473,6 @@ fn measure(variants: &mut [Variant<'_>]) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Stats {
-    median: f64,
-    p10: f64,
-    p90: f64,
-}
-
-impl Stats {
-    fn of(samples: &[f64]) -> Self {
-        let mut sorted = samples.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            let index = (q * (sorted.len().saturating_sub(1)) as f64).round() as usize;
-            sorted.get(index).copied().unwrap_or(f64::NAN)
-        };
-        Self {
-            median: at(0.5),
-            p10: at(0.1),
-            p90: at(0.9),
-        }
-    }
 }
 
 struct ColdStart {

@@ -43,6 +43,7 @@ use hk_tests::kernels::norm::{NormKind, layernorm, residual_add, rmsnorm, row_la
 use hk_tests::kernels::rope::{self, RopeStyle, rope_tables};
 use hk_tests::kernels::softmax::softmax;
 use hk_tests::kernels::topk::{self, topk};
+use hk_tests::timing::Stats;
 use hkload::abi::{ScalarType, ScalarValue};
 use hkload::driver::cuda::sys;
 use hkload::driver::{CudaDriver, DevicePtr, LaunchDims, StreamHandle};
@@ -1266,29 +1267,6 @@ fn memset(scratch: &DeviceBuffer) -> Result<(), String> {
     cu("cuMemsetD32Async", unsafe {
         sys::cuMemsetD32Async(scratch.ptr().0, 0x3f80_3f80, scratch.len(), ptr::null_mut())
     })
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Stats {
-    median: f64,
-    p10: f64,
-    p90: f64,
-}
-
-impl Stats {
-    fn of(samples: &[f64]) -> Self {
-        let mut sorted = samples.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            let index = (q * (sorted.len().saturating_sub(1)) as f64).round() as usize;
-            sorted.get(index).copied().unwrap_or(f64::NAN)
-        };
-        Self {
-            median: at(0.5),
-            p10: at(0.1),
-            p90: at(0.9),
-        }
-    }
 }
 
 // ---- JSON lines --------------------------------------------------------------------------------

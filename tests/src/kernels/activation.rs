@@ -147,7 +147,6 @@ pub fn tolerance(ty: ScalarType) -> (f64, f64) {
     }
 }
 
-/// `len` values uniform in `[-range, range)`, rounded to `ty`.
 /// One elementwise size: `n` elements in `[-range, range)`; `grid` overrides the launch's
 /// block count to test the grid stride.
 #[derive(Debug, Clone, Copy)]
