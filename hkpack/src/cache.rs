@@ -71,6 +71,7 @@ impl Cache {
         for sub in ["deps", "objects", "derived", "tmp"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(io_error(dir))?;
         }
+        remove_abandoned_scratch(&dir.join("tmp"));
         Ok(Self {
             dir: dir.to_owned(),
             file_hashes: Mutex::new(HashMap::new()),
@@ -192,6 +193,33 @@ impl Cache {
         std::io::Write::write_all(&mut file, bytes).map_err(io_error(path))?;
         file.persist(path).map_err(|e| io_error(path)(e.error))?;
         Ok(())
+    }
+}
+
+/// A scratch folder older than this was left by a build that was killed: no build runs this
+/// long, so a live one's scratch is never taken.
+const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
+
+/// Removes what killed builds left in `tmp`; whatever cannot be removed is left for next time.
+fn remove_abandoned_scratch(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let abandoned = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|modified| modified.elapsed().ok())
+            .is_some_and(|age| age > ABANDONED_AFTER);
+        if abandoned {
+            let path = entry.path();
+            let _ = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+        }
     }
 }
 

@@ -124,7 +124,9 @@ impl Job<'_> {
             ])
             .collect(),
         };
-        args.extend(["-std=c++17", "-O3"].map(String::from));
+        // Without `-fuse-cuid=none` clang names a symbol after a hash of the source's absolute
+        // path, and the same kernels built in two checkouts would differ.
+        args.extend(["-std=c++17", "-O3", "-fuse-cuid=none"].map(String::from));
         for dir in &package.include_dirs {
             args.push(format!("-I{}", dir.display()));
         }

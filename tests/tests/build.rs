@@ -177,6 +177,30 @@ fn editing_one_source_rebuilds_only_its_module_and_a_header_rebuilds_all() {
 }
 
 #[test]
+fn builds_from_scratch_in_two_places_are_byte_identical() {
+    let modules = [
+        ("scale", SCALE_SOURCE, SCALE_MANIFEST),
+        ("offset", OFFSET_SOURCE, OFFSET_MANIFEST),
+    ];
+    let targets = ["gfx90a", "gfx942", "gfx950", "sm_80", "sm_90"];
+    let (a, b) = (
+        TempPackage::new(&targets, &modules),
+        TempPackage::new(&targets, &modules),
+    );
+    let (first, second) = (build_ok(&a.options()), build_ok(&b.options()));
+    assert_eq!((first.compiled, second.compiled), (10, 10));
+    assert_eq!(digests(&first.bundle), digests(&second.bundle));
+}
+
+/// Each file of a folder with the SHA-256 of its bytes, for comparisons that print readably.
+fn digests(dir: &Path) -> Vec<(String, String)> {
+    snapshot(dir)
+        .into_iter()
+        .map(|(name, bytes)| (name, hkload::bundle::hex(&Sha256::digest(bytes))))
+        .collect()
+}
+
+#[test]
 fn two_builds_sharing_a_cache_both_succeed() {
     let package = TempPackage::new(
         &["gfx90a", "gfx942", "sm_80"],
