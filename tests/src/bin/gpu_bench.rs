@@ -226,7 +226,8 @@ struct Images {
     /// The module's best PTX for the device (its entry and NUL-terminated text), unless that
     /// is what hkload chooses anyway.
     ptx: Option<(EntryId, Vec<u8>)>,
-    /// What verification hashes on the way to the first launch: the module file and the image.
+    /// What verification hashes on the way to the first launch: the module file and its ABI
+    /// file (the file's hash covers every code image in it).
     hashed_bytes: u64,
 }
 
@@ -263,11 +264,9 @@ impl Images {
             .chosen()
             .map(|(id, _)| *id)
             .filter(|id| *id != chosen_id);
-        let chosen_size = module
-            .entries
-            .iter()
-            .find(|e| e.id == chosen_id)
-            .map_or(0, |e| e.size);
+        let abi_size = std::fs::metadata(dir.join(&module.abi_file))
+            .map_err(text)?
+            .len();
         Ok(Self {
             module: module.name.clone(),
             chosen: image(&chosen_id)?,
@@ -275,7 +274,7 @@ impl Images {
                 .map(|id| image(&id).map(|bytes| (id, bytes)))
                 .transpose()?,
             chosen_id,
-            hashed_bytes: module.size + chosen_size,
+            hashed_bytes: module.size + abi_size,
         })
     }
 
@@ -763,7 +762,7 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
     );
     println!(
         "(c) hash verification: {} per open + first kernel ({:.2}x verify off), hashing {} \
-         bytes (module file and code image)",
+         bytes (module file and ABI file)",
         seconds(cold.verify_on.median - cold.verify_off.median),
         cold.verify_on.median / cold.verify_off.median,
         images.hashed_bytes
