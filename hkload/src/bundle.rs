@@ -2,6 +2,7 @@
 //! device chosen per module (and explained on request), modules loaded lazily once per device,
 //! kernels looked up by name.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -16,7 +17,7 @@ use crate::launch::{Arg, ArgLayout, shared_memory_limit};
 use crate::manifest::{
     BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ModuleAbi, ModuleRecord,
 };
-use crate::offload::{self, OffloadBundle};
+use crate::offload;
 use crate::select::{Selection, select};
 use crate::target::{EntryId, TargetId};
 
@@ -60,12 +61,12 @@ enum Source {
     Embedded(Vec<(String, &'static [u8])>),
 }
 
-/// The bytes of one module file and, once needed, its decompressed form (`None` when the file
-/// is a plain bundle and is used as it is) and its ABI file.
+/// The bytes of one module file, whether they passed the checks the options ask for (done
+/// once, on first use), and its ABI file, read on first use.
 struct ModuleFile {
     path: PathBuf,
     bytes: FileBytes,
-    unpacked: OnceLock<Result<Option<Vec<u8>>, Error>>,
+    checked: OnceLock<Result<(), Error>>,
     abi: OnceLock<Result<ModuleAbi, Error>>,
 }
 
@@ -304,59 +305,56 @@ impl Bundle {
         })
     }
 
-    /// The bytes of the code image `entry` of module `index`, borrowed from the mapped file or
-    /// its decompressed form, after the checks the options ask for.
-    fn code_image(&self, index: usize, entry: &EntryId) -> Result<&[u8]> {
+    /// The bytes of the code image `entry` of module `index`, after the checks the options ask
+    /// for: borrowed from the mapped file if it is a plain bundle, decompressed (only as far as
+    /// the entry) if it is compressed.
+    fn code_image(&self, index: usize, entry: &EntryId) -> Result<Cow<'_, [u8]>> {
         let inner = &*self.inner;
         let record = &inner.manifest.modules[index];
         let file = &inner.modules[index];
-        let bundle = file.bundle_bytes(record, inner.options)?;
-        let format_error = |source| Error::Format {
-            module: record.name.clone(),
-            path: file.path.clone(),
-            source,
-        };
-        let parsed = OffloadBundle::parse(bundle).map_err(format_error)?;
+        file.checked
+            .get_or_init(|| file.check(record, inner.options))
+            .clone()?;
         let id = entry.to_string();
-        let found = parsed.entry(&id).ok_or_else(|| Error::Mismatch {
-            what: format!("module file {}", file.path.display()),
-            detail: format!("the manifest lists entry `{id}` but the file has no such entry"),
-        })?;
+        let image =
+            offload::extract_entry(file.bytes.as_slice(), &id).map_err(|source| Error::Format {
+                module: record.name.clone(),
+                path: file.path.clone(),
+                source,
+            })?;
         let expected = record
             .entries
             .iter()
             .find(|e| &e.id == entry)
             .expect("entries are only chosen from the manifest's own list");
-        if found.bytes.len() as u64 != expected.size {
+        if image.len() as u64 != expected.size {
             return Err(Error::Mismatch {
                 what: format!("entry `{id}` of {}", file.path.display()),
                 detail: format!(
                     "it is {} bytes, the manifest says {}",
-                    found.bytes.len(),
+                    image.len(),
                     expected.size
                 ),
             });
         }
-        // No second hash here: the file's SHA-256, checked when it was unpacked, covers every
-        // byte of every entry. The per-entry digests in the manifest are for other tools.
-        Ok(found.bytes)
+        // No second hash here: the file's SHA-256, checked once, covers every byte of every
+        // entry. The per-entry digests in the manifest are for other tools.
+        Ok(image)
     }
 }
 
 impl Source {
     /// The bytes of the bundle file `name` (at `path` when the bundle is a folder).
-    fn read(&self, path: &Path, name: &str) -> Result<std::borrow::Cow<'static, [u8]>> {
+    fn read(&self, path: &Path, name: &str) -> Result<Cow<'static, [u8]>> {
         match self {
-            Self::Dir => std::fs::read(path)
-                .map(std::borrow::Cow::Owned)
-                .map_err(|e| Error::Io {
-                    path: path.to_owned(),
-                    detail: e.to_string(),
-                }),
+            Self::Dir => std::fs::read(path).map(Cow::Owned).map_err(|e| Error::Io {
+                path: path.to_owned(),
+                detail: e.to_string(),
+            }),
             Self::Embedded(files) => files
                 .iter()
                 .find(|(n, _)| n == name)
-                .map(|(_, bytes)| std::borrow::Cow::Borrowed(*bytes))
+                .map(|(_, bytes)| Cow::Borrowed(*bytes))
                 .ok_or_else(|| Error::Io {
                     path: path.to_owned(),
                     detail: format!("`{name}` was not among the embedded files"),
@@ -389,23 +387,14 @@ impl ModuleFile {
         Ok(Self {
             path,
             bytes,
-            unpacked: OnceLock::new(),
+            checked: OnceLock::new(),
             abi: OnceLock::new(),
         })
     }
 
-    /// The uncompressed bundle, after checking the file's hash: the mapped file itself, or its
-    /// decompressed form made on first use.
-    fn bundle_bytes(&self, record: &ModuleRecord, options: OpenOptions) -> Result<&[u8]> {
-        let unpacked = self
-            .unpacked
-            .get_or_init(|| self.unpack(record, options))
-            .as_ref()
-            .map_err(Clone::clone)?;
-        Ok(unpacked.as_deref().unwrap_or(self.bytes.as_slice()))
-    }
-
-    fn unpack(&self, record: &ModuleRecord, options: OpenOptions) -> Result<Option<Vec<u8>>> {
+    /// The checks made once per file: its hash (if the options ask for it) and that it is
+    /// compressed exactly when the manifest says so.
+    fn check(&self, record: &ModuleRecord, options: OpenOptions) -> Result<()> {
         let bytes = self.bytes.as_slice();
         let what = format!("module file {}", self.path.display());
         if options.verify_hashes {
@@ -420,15 +409,7 @@ impl ModuleFile {
                 ),
             });
         }
-        match offload::decompress(bytes, false) {
-            Ok(std::borrow::Cow::Borrowed(_)) => Ok(None),
-            Ok(std::borrow::Cow::Owned(unpacked)) => Ok(Some(unpacked)),
-            Err(source) => Err(Error::Format {
-                module: record.name.clone(),
-                path: self.path.clone(),
-                source,
-            }),
-        }
+        Ok(())
     }
 }
 
@@ -578,7 +559,7 @@ impl LoadedBundle {
                 let handle = device.driver().load_module(
                     device.ordinal(),
                     slot.entry.image_kind(),
-                    image,
+                    &image,
                 )?;
                 Ok(Arc::new(LoadedModule {
                     device: device.clone(),

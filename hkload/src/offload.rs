@@ -78,70 +78,7 @@ impl<'a> OffloadBundle<'a> {
     /// bundle is handed to the HIP runtime, so [`write_bundle`] enforces it and we do not.
     pub fn parse(bytes: &'a [u8]) -> Result<Self, FormatError> {
         let file_len = widen(bytes.len());
-        if !bytes.starts_with(BUNDLE_MAGIC) {
-            return Err(if BUNDLE_MAGIC.starts_with(bytes) && !bytes.is_empty() {
-                truncated(HeaderField::Magic, 0, widen(BUNDLE_MAGIC.len()), file_len)
-            } else if is_compressed(bytes) {
-                FormatError::CompressedBundle
-            } else {
-                FormatError::NotABundle {
-                    found: FileKind::sniff(bytes),
-                }
-            });
-        }
-
-        let mut header = Reader::at(bytes, BUNDLE_MAGIC.len());
-        let count = header
-            .u64()
-            .ok_or_else(|| truncated(HeaderField::EntryCount, header.position(), 8, file_len))?;
-        if count == 0 {
-            return Err(FormatError::NoEntries);
-        }
-        // Each descriptor takes at least 24 bytes, which bounds the allocation below by the
-        // file's size whatever the count field says.
-        let max = file_len.saturating_sub(BUNDLE_PREFIX_LEN) / DESCRIPTOR_FIXED_LEN;
-        if count > max {
-            return Err(FormatError::TooManyEntries {
-                count,
-                max,
-                len: file_len,
-            });
-        }
-
-        let count = narrow(count)?;
-        let mut descriptors = Vec::with_capacity(count);
-        let mut seen = HashSet::new();
-        for index in 0..count {
-            let descriptor_offset = header.position();
-            let (Some(offset), Some(size), Some(id_len)) =
-                (header.u64(), header.u64(), header.u64())
-            else {
-                let field = HeaderField::Descriptor { index };
-                return Err(truncated(
-                    field,
-                    descriptor_offset,
-                    DESCRIPTOR_FIXED_LEN,
-                    file_len,
-                ));
-            };
-            let id_offset = header.position();
-            let id = header
-                .take(id_len)
-                .ok_or_else(|| truncated(HeaderField::Id { index }, id_offset, id_len, file_len))?;
-            let id = std::str::from_utf8(id).map_err(|_| FormatError::IdNotUtf8 {
-                index,
-                offset: id_offset,
-            })?;
-            if id.is_empty() {
-                return Err(FormatError::EmptyId { index });
-            }
-            if !seen.insert(id) {
-                return Err(FormatError::DuplicateId { id: id.into() });
-            }
-            descriptors.push((id, offset, size));
-        }
-
-        let header_len = header.position();
+        let (descriptors, header_len) = read_header(bytes, file_len)?;
         let mut entries = Vec::with_capacity(descriptors.len());
         for (id, offset, size) in descriptors {
             if offset < header_len {
@@ -186,6 +123,77 @@ impl<'a> OffloadBundle<'a> {
     pub fn entry(&self, id: &str) -> Option<&Entry<'a>> {
         self.entries.iter().find(|entry| entry.id == id)
     }
+}
+
+/// One entry's ID, offset and size as its descriptor gives them.
+type Descriptor<'a> = (&'a str, u64, u64);
+
+/// Reads the header at the start of `bytes` (which may be only a prefix of the bundle) of a
+/// bundle of `file_len` bytes: the descriptors in header order, and where the header ends.
+fn read_header(bytes: &[u8], file_len: u64) -> Result<(Vec<Descriptor<'_>>, u64), FormatError> {
+    if !bytes.starts_with(BUNDLE_MAGIC) {
+        return Err(if BUNDLE_MAGIC.starts_with(bytes) && !bytes.is_empty() {
+            truncated(HeaderField::Magic, 0, widen(BUNDLE_MAGIC.len()), file_len)
+        } else if is_compressed(bytes) {
+            FormatError::CompressedBundle
+        } else {
+            FormatError::NotABundle {
+                found: FileKind::sniff(bytes),
+            }
+        });
+    }
+
+    let mut header = Reader::at(bytes, BUNDLE_MAGIC.len());
+    let count = header
+        .u64()
+        .ok_or_else(|| truncated(HeaderField::EntryCount, header.position(), 8, file_len))?;
+    if count == 0 {
+        return Err(FormatError::NoEntries);
+    }
+    // Each descriptor takes at least 24 bytes, which bounds the allocation below by the
+    // file's size whatever the count field says.
+    let max = file_len.saturating_sub(BUNDLE_PREFIX_LEN) / DESCRIPTOR_FIXED_LEN;
+    if count > max {
+        return Err(FormatError::TooManyEntries {
+            count,
+            max,
+            len: file_len,
+        });
+    }
+
+    let count = narrow(count)?;
+    let mut descriptors = Vec::with_capacity(count);
+    let mut seen = HashSet::new();
+    for index in 0..count {
+        let descriptor_offset = header.position();
+        let (Some(offset), Some(size), Some(id_len)) = (header.u64(), header.u64(), header.u64())
+        else {
+            let field = HeaderField::Descriptor { index };
+            return Err(truncated(
+                field,
+                descriptor_offset,
+                DESCRIPTOR_FIXED_LEN,
+                file_len,
+            ));
+        };
+        let id_offset = header.position();
+        let id = header
+            .take(id_len)
+            .ok_or_else(|| truncated(HeaderField::Id { index }, id_offset, id_len, file_len))?;
+        let id = std::str::from_utf8(id).map_err(|_| FormatError::IdNotUtf8 {
+            index,
+            offset: id_offset,
+        })?;
+        if id.is_empty() {
+            return Err(FormatError::EmptyId { index });
+        }
+        if !seen.insert(id) {
+            return Err(FormatError::DuplicateId { id: id.into() });
+        }
+        descriptors.push((id, offset, size));
+    }
+
+    Ok((descriptors, header.position()))
 }
 
 /// Checks how the code objects tile the file after the header: ascending, not overlapping,
@@ -355,12 +363,9 @@ pub fn compress(bundle: &[u8], level: i32) -> Result<Vec<u8>, FormatError> {
 }
 
 /// If `bytes` is a CCOB, decompresses it (versions 1, 2 and 3; zstd only), checking every
-/// header field against the file and the result. Otherwise returns the bytes borrowed.
-///
-/// `verify_md5` also checks the header's MD5 prefix, which costs more than the decompression
-/// itself. LLVM never checks it on load; hkload skips it because a module file's SHA-256,
-/// checked before, already covers every byte.
-pub fn decompress(bytes: &[u8], verify_md5: bool) -> Result<Cow<'_, [u8]>, FormatError> {
+/// header field against the file and the result, the MD5 prefix included (LLVM does not check
+/// it on load). Otherwise returns the bytes borrowed.
+pub fn decompress(bytes: &[u8]) -> Result<Cow<'_, [u8]>, FormatError> {
     if !is_compressed(bytes) {
         return Ok(Cow::Borrowed(bytes));
     }
@@ -396,16 +401,93 @@ pub fn decompress(bytes: &[u8], verify_md5: bool) -> Result<Cow<'_, [u8]>, Forma
         return Err(FormatError::UncompressedTooShort { declared, actual });
     }
 
-    if verify_md5 {
-        let actual = md5_prefix(&bundle);
-        if actual != header.hash {
-            return Err(FormatError::HashMismatch {
-                recorded: header.hash,
-                actual,
-            });
-        }
+    let actual = md5_prefix(&bundle);
+    if actual != header.hash {
+        return Err(FormatError::HashMismatch {
+            recorded: header.hash,
+            actual,
+        });
     }
     Ok(Cow::Owned(bundle))
+}
+
+/// The code object `id` of a bundle, plain or compressed. A plain bundle is parsed and checked
+/// whole and the entry borrowed from it. A compressed one is decompressed only as far as the
+/// entry's end (bundles put native code first and PTX last, so a device rarely pays for the
+/// PTX); its header fields are checked as [`decompress`] does, but the layout beyond the entry
+/// is not seen, so callers that must trust every byte check the file's hash first.
+pub fn extract_entry<'a>(bytes: &'a [u8], id: &str) -> Result<Cow<'a, [u8]>, FormatError> {
+    if !is_compressed(bytes) {
+        let bundle = OffloadBundle::parse(bytes)?;
+        return bundle
+            .entry(id)
+            .map(|entry| Cow::Borrowed(entry.bytes))
+            .ok_or_else(|| FormatError::NoSuchEntry { id: id.into() });
+    }
+    let (header, header_len) = CompressedHeader::parse(bytes)?;
+    let file_len = widen(bytes.len());
+    if let Some(declared) = header.total_size.filter(|&declared| declared != file_len) {
+        return Err(FormatError::CompressedSizeMismatch {
+            declared,
+            len: file_len,
+        });
+    }
+    check_uncompressed_size(header.uncompressed_size)?;
+    let declared = header.uncompressed_size;
+    let payload = bytes.get(header_len..).unwrap_or_default();
+    let corrupt = |error: std::io::Error| FormatError::ZstdDecompress {
+        detail: error.to_string(),
+    };
+    let mut decoder = zstd::stream::read::Decoder::with_buffer(payload).map_err(corrupt)?;
+    let mut bundle = Vec::new();
+    // Reads until `bundle` holds `len` bytes (at most `declared`); a stream that ends sooner is
+    // shorter than its header says.
+    let mut fill = |bundle: &mut Vec<u8>, len: u64| -> Result<(), FormatError> {
+        let want = len.min(declared);
+        let have = widen(bundle.len());
+        if have < want {
+            (&mut decoder)
+                .take(want - have)
+                .read_to_end(bundle)
+                .map_err(corrupt)?;
+        }
+        let actual = widen(bundle.len());
+        if actual < want {
+            return Err(FormatError::UncompressedTooShort { declared, actual });
+        }
+        Ok(())
+    };
+
+    // The header comes first; ours fit in the first 4096 bytes, others may need more.
+    let mut window = HEADER_WINDOW;
+    let (offset, size) = loop {
+        fill(&mut bundle, window)?;
+        match read_header(&bundle, declared) {
+            Ok((descriptors, _)) => {
+                break descriptors
+                    .iter()
+                    .find(|(entry, ..)| *entry == id)
+                    .map(|&(_, offset, size)| (offset, size))
+                    .ok_or_else(|| FormatError::NoSuchEntry { id: id.into() })?;
+            }
+            Err(FormatError::HeaderTruncated { .. }) if widen(bundle.len()) < declared => {
+                window = window.saturating_mul(2);
+            }
+            Err(error) => return Err(error),
+        }
+    };
+    let end = offset
+        .checked_add(size)
+        .filter(|&end| end <= declared)
+        .ok_or_else(|| FormatError::EntryOutOfBounds {
+            id: id.into(),
+            offset,
+            size,
+            len: declared,
+        })?;
+    fill(&mut bundle, end)?;
+    let range = narrow(offset)?..narrow(end)?;
+    Ok(Cow::Owned(bundle.get(range).unwrap_or_default().to_vec()))
 }
 
 /// Whether `bytes` starts like a compressed bundle.
@@ -692,6 +774,9 @@ pub enum FormatError {
     #[error("this is a compressed offload bundle (CCOB); decompress it before parsing")]
     CompressedBundle,
 
+    #[error("the bundle has no entry `{id}`")]
+    NoSuchEntry { id: Box<str> },
+
     #[error(
         "the offload bundle header is cut short: {field} needs {needed} bytes at offset {offset}, \
          but the file is only {len} bytes long"
@@ -886,6 +971,40 @@ mod tests {
         write(&sample_entries()).unwrap()
     }
 
+    #[test]
+    fn one_entry_comes_out_of_either_form_and_a_truncated_stream_is_an_error() {
+        let plain = write(&[
+            (GFX90A, code_object(1, 300)),
+            (GFX942, code_object(2, 5000)),
+            (SM_90, code_object(3, 17)),
+        ])
+        .unwrap();
+        let compressed = compress(&plain, 3).unwrap();
+        let parsed = OffloadBundle::parse(&plain).unwrap();
+        for entry in parsed.entries() {
+            let borrowed = extract_entry(&plain, entry.id).unwrap();
+            assert!(matches!(borrowed, Cow::Borrowed(_)));
+            assert_eq!(&*borrowed, entry.bytes);
+            assert_eq!(&*extract_entry(&compressed, entry.id).unwrap(), entry.bytes);
+        }
+        for bytes in [&plain, &compressed] {
+            assert_eq!(
+                extract_entry(bytes, COMPUTE_90).unwrap_err(),
+                FormatError::NoSuchEntry {
+                    id: COMPUTE_90.into()
+                }
+            );
+        }
+        // A stream cut short inside the wanted entry fails; every other cut fails on the
+        // header's total size before any decompression.
+        for len in 0..compressed.len() {
+            assert!(
+                extract_entry(&compressed[..len], SM_90).is_err(),
+                "cut at {len}"
+            );
+        }
+    }
+
     fn u64_at(bytes: &[u8], at: usize) -> u64 {
         u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
     }
@@ -955,12 +1074,12 @@ mod tests {
     }
 
     fn decompress_err(bytes: &[u8]) -> FormatError {
-        decompress(bytes, true).unwrap_err()
+        decompress(bytes).unwrap_err()
     }
 
     /// What hkload does with a file: decompress if needed, then parse.
     fn load(bytes: &[u8]) -> Result<usize, FormatError> {
-        let bundle = decompress(bytes, true)?;
+        let bundle = decompress(bytes)?;
         Ok(OffloadBundle::parse(&bundle)?.entries().len())
     }
 
@@ -1105,7 +1224,7 @@ mod tests {
             "a zstd frame follows the header"
         );
         assert!(is_compressed(&file));
-        assert_eq!(decompress(&file, true).unwrap(), bundle.as_slice());
+        assert_eq!(decompress(&file).unwrap(), bundle.as_slice());
     }
 
     #[test]
@@ -1114,7 +1233,7 @@ mod tests {
         for version in 1..=3 {
             let file = ccob_file(version, &bundle);
             let decompressed =
-                decompress(&file, true).unwrap_or_else(|e| panic!("version {version}: {e}"));
+                decompress(&file).unwrap_or_else(|e| panic!("version {version}: {e}"));
             assert!(matches!(decompressed, Cow::Owned(_)));
             assert_eq!(decompressed, bundle.as_slice(), "version {version}");
         }
@@ -1124,11 +1243,11 @@ mod tests {
     fn plain_bytes_pass_through_borrowed() {
         let bundle = sample();
         assert!(!is_compressed(&bundle));
-        match decompress(&bundle, true).unwrap() {
+        match decompress(&bundle).unwrap() {
             Cow::Borrowed(bytes) => assert!(std::ptr::eq(bytes, bundle.as_slice())),
             Cow::Owned(_) => panic!("an uncompressed bundle must not be copied"),
         }
-        assert!(matches!(decompress(b"", true).unwrap(), Cow::Borrowed(b"")));
+        assert!(matches!(decompress(b"").unwrap(), Cow::Borrowed(b"")));
     }
 
     #[test]
@@ -1848,7 +1967,7 @@ mod tests {
                 run(bundler, &args, envs);
                 let file = std::fs::read(&output).unwrap();
                 assert_eq!(is_compressed(&file), name != "plain", "{name}");
-                let bytes = decompress(&file, true).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let bytes = decompress(&file).unwrap_or_else(|e| panic!("{name}: {e}"));
                 let bundle = OffloadBundle::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
                 let ids: Vec<&str> = bundle.entries().iter().map(|e| e.id).collect();
                 assert_eq!(ids, [HOST, GFX90A, GFX942], "{name}");

@@ -120,9 +120,7 @@ fn module_files(
     compress: bool,
     cache: &Cache,
 ) -> Result<(ModuleRecord, Vec<u8>, Vec<u8>), PackageError> {
-    let images: Vec<(String, &[u8])> = code
-        .iter()
-        .flat_map(|t| &t.images)
+    let images: Vec<(String, &[u8])> = bundle_order(code)
         .map(|(id, bytes)| (id.to_string(), bytes.as_slice()))
         .collect();
     let borrowed: Vec<(&str, &[u8])> = images.iter().map(|(id, b)| (id.as_str(), *b)).collect();
@@ -143,9 +141,7 @@ fn module_files(
     }
     .to_toml()
     .into_bytes();
-    let entries = code
-        .iter()
-        .flat_map(|t| &t.images)
+    let entries = bundle_order(code)
         .map(|(id, image)| EntryRecord {
             id: *id,
             size: image.len() as u64,
@@ -180,6 +176,17 @@ fn kernel_records(module: &Module, code: &[TargetCode]) -> Vec<KernelRecord> {
                 .collect(),
         })
         .collect()
+}
+
+/// The code images of a module in the order they go into its bundle: native code (AMD code
+/// objects and cubins) in target order first, then PTX. A device's native entry then sits
+/// early in the bundle, and loading it decompresses nothing past it.
+fn bundle_order(code: &[TargetCode]) -> impl Iterator<Item = &(EntryId, Vec<u8>)> {
+    let images = || code.iter().flat_map(|t| &t.images);
+    let is_ptx = |(id, _): &&(EntryId, Vec<u8>)| matches!(id, EntryId::Ptx(_));
+    images()
+        .filter(move |image| !is_ptx(image))
+        .chain(images().filter(is_ptx))
 }
 
 /// What the bundle records of a kernel's code for `target`: the code object's facts, with

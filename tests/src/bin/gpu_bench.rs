@@ -238,7 +238,7 @@ impl Images {
             .module_of(kernel)
             .ok_or_else(|| format!("the bundle has no kernel `{kernel}`"))?;
         let file = std::fs::read(dir.join(&module.file)).map_err(text)?;
-        let unpacked = offload::decompress(&file, true).map_err(text)?;
+        let unpacked = offload::decompress(&file).map_err(text)?;
         let parsed = OffloadBundle::parse(&unpacked).map_err(text)?;
         let image = |id: &EntryId| -> Result<Vec<u8>, String> {
             let mut bytes = parsed
