@@ -485,6 +485,8 @@ pub fn extract_entry<'a>(bytes: &'a [u8], id: &str) -> Result<Cow<'a, [u8]>, For
             size,
             len: declared,
         })?;
+    // `end` is at most the capped declared size, so reserving it is safe and saves regrowing.
+    bundle.reserve_exact(narrow(end)?.saturating_sub(bundle.len()));
     fill(&mut bundle, end)?;
     let range = narrow(offset)?..narrow(end)?;
     Ok(Cow::Owned(bundle.get(range).unwrap_or_default().to_vec()))
