@@ -1,11 +1,11 @@
 // Softmax over the last dimension of a row-major [rows, cols] tensor, for any cols:
 //   out[r, i] = exp(x[r, i] - max_r) / sum_j exp(x[r, j] - max_r)
-// in f32, each output rounded once to the element type. The first pass keeps a running
-// maximum and a sum rescaled whenever the maximum grows (so the row is read once to get both,
-// and one team reduction merges them);
-// the second pass writes the outputs, from registers when the row fits there (up to 8192
-// bf16/f16 or 4096 f32 elements), else reading the row again. A row of all -inf gives NaN,
-// as in PyTorch.
+// in f32, each output rounded once to the element type. A row that fits in registers (up to
+// 8192 bf16/f16 or 4096 f32 elements, 16-byte aligned) is loaded once; its maximum, then its
+// sum of exps, are taken from registers at one team reduction each, and the outputs written
+// from registers. A longer (or unaligned, or odd-sized) row is read twice: the first pass
+// keeps a running maximum and a sum rescaled whenever the maximum grows (one team reduction
+// merges them), the second writes the outputs. A row of all -inf gives NaN, as in PyTorch.
 //
 // Symbols: softmax_{bf16,f16,f32}(out, x, rows, cols)
 // Launch: 256 threads per block, each row taken by a team of L lanes, L the smallest power of
@@ -18,8 +18,8 @@
 namespace {
 
 constexpr unsigned kBlock = 256;
-// At least 3 blocks per SM: at most 85 registers a thread (see rmsnorm.hip).
-constexpr unsigned kMinBlocks = 3;
+// At least 4 blocks per SM: at most 64 registers a thread (see rmsnorm.hip).
+constexpr unsigned kMinBlocks = 4;
 
 // The sum of exp(v - max) over some values, with their maximum. (No default member values:
 // block reductions keep these in shared memory, which cannot run constructors.)
@@ -56,29 +56,60 @@ template <typename T, unsigned N> HK_DEVICE ExpSum add(ExpSum acc, const hk::Pac
   return {max, sum};
 }
 
+// exp(v - max) as 2^(v log2(e) - max log2(e)), with shift = max log2(e): one fma before the
+// exp2.
+HK_DEVICE float exp_shifted(float v, float shift) { return hk::exp2(hk::fma(v, hk::kLog2e, -shift)); }
+
+// Writes out = exp(v - max) / sum for the pack of values v at column i.
+template <typename T, unsigned N>
+HK_DEVICE void write_probabilities(T* out, unsigned i, float shift, float inv_sum,
+                                   const hk::Pack<T, N>& v) {
+  hk::Pack<T, N> y;
+#pragma unroll
+  for (unsigned e = 0; e < N; ++e)
+    y.elem[e] = hk::from_float<T>(exp_shifted(hk::to_float(v.elem[e]), shift) * inv_sum);
+  hk::store(out + i, y);
+}
+
 template <typename T>
 HK_DEVICE void softmax(T* __restrict__ out, const T* __restrict__ x, unsigned rows, unsigned cols) {
   hk::for_each_row<T, kBlock>(rows, cols, hk::aligned16(out, x), [&](auto& walk, unsigned r) {
     const T* xr = x + hk::row_offset(r, cols);
     T* outr = out + hk::row_offset(r, cols);
-    ExpSum partial = MergeExpSums::identity();
-    walk.first_pass([&](unsigned i, auto n) {
-      const auto v = hk::load(xr + i, n);
-      partial = add(partial, v);
-      return v;
-    });
-    // A row of all -inf gives max = -inf, sum = 0 and so NaN outputs, as PyTorch does.
-    const ExpSum row = walk.reduce(partial, MergeExpSums{});
-    const float inv_sum = 1.0f / row.sum;
-    // exp(v - max) as 2^(v log2(e) - max log2(e)): one fma before the exp2.
-    const float shift = row.max * hk::kLog2e;
-    walk.pass(xr, [&](unsigned i, auto n, const auto& v) {
-      hk::Pack<T, n> y;
+    // A row of all -inf gives max = -inf and NaN outputs (the shift is -inf, and -inf - -inf is
+    // NaN), as PyTorch does.
+    if (walk.resident()) {
+      // The row is in registers: its maximum first (no exp), then the sum of exps, at one team
+      // reduction each; no rescaling at all.
+      float lane_max = kNegInf;
+      walk.first_pass([&](unsigned i, auto n) {
+        const auto v = hk::load(xr + i, n);
 #pragma unroll
-      for (unsigned e = 0; e < n; ++e)
-        y.elem[e] = hk::from_float<T>(hk::exp2(hk::fma(hk::to_float(v.elem[e]), hk::kLog2e, -shift)) * inv_sum);
-      hk::store(outr + i, y);
-    });
+        for (unsigned e = 0; e < n; ++e) lane_max = hk::max(lane_max, hk::to_float(v.elem[e]));
+        return v;
+      });
+      const float shift = walk.max(lane_max) * hk::kLog2e;
+      float lane_sum = 0.0f;
+      walk.pass(xr, [&](unsigned, auto n, const auto& v) {
+#pragma unroll
+        for (unsigned e = 0; e < n; ++e) lane_sum += exp_shifted(hk::to_float(v.elem[e]), shift);
+      });
+      const float inv_sum = 1.0f / walk.sum(lane_sum);
+      walk.pass(xr, [&](unsigned i, auto, const auto& v) { write_probabilities(outr, i, shift, inv_sum, v); });
+    } else {
+      // The row is read from memory again for the output: one pass gets both the maximum and
+      // the sum, rescaling the sum whenever the maximum grows.
+      ExpSum partial = MergeExpSums::identity();
+      walk.first_pass([&](unsigned i, auto n) {
+        const auto v = hk::load(xr + i, n);
+        partial = add(partial, v);
+        return v;
+      });
+      const ExpSum row = walk.reduce(partial, MergeExpSums{});
+      const float inv_sum = 1.0f / row.sum;
+      const float shift = row.max * hk::kLog2e;
+      walk.pass(xr, [&](unsigned i, auto, const auto& v) { write_probabilities(outr, i, shift, inv_sum, v); });
+    }
   });
 }
 

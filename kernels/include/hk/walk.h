@@ -82,9 +82,15 @@ template <typename T, typename TeamT, unsigned kTile = 4> class RowWalk {
 
   // `aligned`: every row pointer the kernel will touch is 16-byte aligned at row 0.
   HK_DEVICE RowWalk(unsigned cols, bool aligned)
-      : cols_(cols), vectors_(aligned && cols % kVec == 0), nvec_(cols / kVec) {}
+      : cols_(cols),
+        vectors_(aligned && cols % kVec == 0),
+        nvec_(cols / kVec),
+        resident_(vectors_ && nvec_ <= kTile * kLanes) {}
 
   HK_DEVICE TeamT& team() { return team_; }
+
+  // Whether a row stays in registers between passes (later passes then read no memory).
+  HK_DEVICE bool resident() const { return resident_; }
 
   // An idle team (past the last row, while its block's other teams still work) makes no passes
   // but still takes part in reductions, with nothing to add.
@@ -99,18 +105,28 @@ template <typename T, typename TeamT, unsigned kTile = 4> class RowWalk {
   // them, and whatever else the kernel does on first sight, such as accumulating a sum) and
   // returns the values later passes will see there.
   template <typename Produce> HK_DEVICE void first_pass(Produce produce) {
+    // Written whole on every row, so the previous row's values are dead (not kept in
+    // registers across the row loop) whichever path this row takes.
+    tile_ = RowTile<kTile>{};
     if (idle_) return;
     const unsigned t = team_.rank();
-    if (!vectors_) {
-      for (unsigned i = t; i < cols_; i += kLanes) produce(i, Width<1>{});
-      return;
-    }
-    for (unsigned base = 0; base < nvec_; base += kTile * kLanes) {
+    if (resident_) {
+      // All of the lane's loads are issued before the first is used.
 #pragma unroll
       for (unsigned c = 0; c < kTile; ++c) {
-        const unsigned v = base + c * kLanes + t;
+        const unsigned v = c * kLanes + t;
         if (v < nvec_) tile_.bits[c] = __builtin_bit_cast(u32x4, produce(v * kVec, Width<kVec>{}));
       }
+    } else if (vectors_) {
+      for (unsigned base = 0; base < nvec_; base += kTile * kLanes) {
+#pragma unroll
+        for (unsigned c = 0; c < kTile; ++c) {
+          const unsigned v = base + c * kLanes + t;
+          if (v < nvec_) produce(v * kVec, Width<kVec>{});
+        }
+      }
+    } else {
+      for (unsigned i = t; i < cols_; i += kLanes) produce(i, Width<1>{});
     }
   }
 
@@ -120,22 +136,20 @@ template <typename T, typename TeamT, unsigned kTile = 4> class RowWalk {
   template <typename Visit> HK_DEVICE void pass(const T* reread, Visit visit) const {
     if (idle_) return;
     const unsigned t = team_.rank();
-    if (!vectors_) {
-      for (unsigned i = t; i < cols_; i += kLanes) visit(i, Width<1>{}, load(reread + i, Width<1>{}));
-      return;
-    }
-    if (nvec_ <= kTile * kLanes) {
+    if (resident_) {
       visit_tile(tile_, 0, visit);
-      return;
-    }
-    for (unsigned base = 0; base < nvec_; base += kTile * kLanes) {
-      RowTile<kTile> again;
+    } else if (vectors_) {
+      for (unsigned base = 0; base < nvec_; base += kTile * kLanes) {
+        RowTile<kTile> again;
 #pragma unroll
-      for (unsigned c = 0; c < kTile; ++c) {
-        const unsigned v = base + c * kLanes + t;
-        if (v < nvec_) again.bits[c] = __builtin_bit_cast(u32x4, load16(reread + v * kVec));
+        for (unsigned c = 0; c < kTile; ++c) {
+          const unsigned v = base + c * kLanes + t;
+          again.bits[c] = v < nvec_ ? __builtin_bit_cast(u32x4, load16(reread + v * kVec)) : u32x4{};
+        }
+        visit_tile(again, base, visit);
       }
-      visit_tile(again, base, visit);
+    } else {
+      for (unsigned i = t; i < cols_; i += kLanes) visit(i, Width<1>{}, load(reread + i, Width<1>{}));
     }
   }
 
@@ -154,6 +168,7 @@ template <typename T, typename TeamT, unsigned kTile = 4> class RowWalk {
   unsigned cols_;
   bool vectors_;
   unsigned nvec_;
+  bool resident_;
   bool idle_ = false;
 };
 
