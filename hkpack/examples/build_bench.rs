@@ -82,7 +82,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     println!(
-        "{:<20} {total_plain:>12} {total_zstd:>12} {:>6.1}%",
+        "{:<26} {total_plain:>12} {total_zstd:>12} {:>6.1}%",
         "total",
         100.0 * total_zstd as f64 / total_plain as f64
     );
