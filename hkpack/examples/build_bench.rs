@@ -63,8 +63,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bundle = |o: &BuildOptions| o.out_dir.join("hk-kernels-0.1.0");
     println!();
     println!(
-        "{:<20} {:>12} {:>12} {:>7}",
-        "module file", "plain (B)", "zstd (B)", "ratio"
+        "{:<26} {:>12} {:>12} {:>7}",
+        "file", "plain (B)", "zstd (B)", "ratio"
     );
     let (mut total_plain, mut total_zstd) = (0, 0);
     let mut names: Vec<_> = std::fs::read_dir(bundle(&plain))?
@@ -77,7 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         total_plain += p;
         total_zstd += z;
         println!(
-            "{name:<20} {p:>12} {z:>12} {:>6.1}%",
+            "{name:<26} {p:>12} {z:>12} {:>6.1}%",
             100.0 * z as f64 / p as f64
         );
     }
