@@ -152,3 +152,51 @@ fn without_ptxas_nvidia_targets_ship_ptx_and_the_summary_says_so() {
     assert!(manifest.contains("cuda-nvptx64-nvidia-cuda-compute_90"));
     assert!(!manifest.contains("cuda-nvptx64-nvidia-cuda-sm_90\""));
 }
+
+/// Writes an executable shell script `name` into `dir`.
+fn script(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[test]
+fn a_clang_that_fails_or_has_no_lld_is_reported_with_what_to_do() {
+    let root = tempfile::tempdir().unwrap();
+    package(root.path());
+    let tools = root.path().join("tools");
+    std::fs::create_dir(&tools).unwrap();
+    let empty = root.path().join("empty-path");
+    std::fs::create_dir(&empty).unwrap();
+    let build = |clang: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_hkpack"))
+            .current_dir(root.path())
+            .args(["build", "--clang"])
+            .arg(clang)
+            .env("PATH", &empty)
+            .output()
+            .unwrap()
+    };
+
+    let broken = script(&tools, "broken-clang", "exit 3");
+    let out = build(&broken);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("broken-clang does not run: `--version` exited with exit status: 3"),
+        "{err}"
+    );
+
+    let lonely = script(&tools, "clang", "echo 'clang version 99'");
+    let out = build(&lonely);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("no ld.lld next to"), "{err}");
+    assert!(err.contains("install lld-22"), "{err}");
+    assert!(
+        !root.path().join("dist").exists(),
+        "nothing is written when the toolchain is unusable"
+    );
+}
