@@ -483,6 +483,53 @@ impl TargetId {
     }
 }
 
+/// Two targets that one clang offload bundle cannot hold together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "targets {any} and {named} cannot share a bundle: {named} names {feature} and {any} leaves it \
+     Any, and clang's rule (which the HIP runtime relies on) is that every entry for a processor \
+     names the same features; name {feature} in every {processor} target (e.g. \
+     {processor}:{feature}+ and {processor}:{feature}-) or in none"
+)]
+pub struct CompositionError {
+    pub any: TargetId,
+    pub named: TargetId,
+    pub feature: FeatureName,
+    pub processor: Processor,
+}
+
+/// Checks that `targets` can share one bundle: for each processor, a feature is named (on or
+/// off) by every entry or by none (the composition rule of clang's bundle format).
+pub fn check_composition(targets: &[TargetId]) -> Result<(), CompositionError> {
+    let amd: Vec<&AmdTarget> = targets
+        .iter()
+        .filter_map(|t| match t {
+            TargetId::Amd(amd) => Some(amd),
+            TargetId::Nvidia(_) => None,
+        })
+        .collect();
+    for (i, a) in amd.iter().enumerate() {
+        for b in &amd[i + 1..] {
+            if a.processor() != b.processor() {
+                continue;
+            }
+            for feature in FeatureName::ALL {
+                let (fa, fb) = (a.feature(feature), b.feature(feature));
+                if (fa == Feature::Any) != (fb == Feature::Any) {
+                    let (any, named) = if fa == Feature::Any { (a, b) } else { (b, a) };
+                    return Err(CompositionError {
+                        any: TargetId::Amd(**any),
+                        named: TargetId::Amd(**named),
+                        feature,
+                        processor: a.processor(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The generic version in a code object's `e_flags` (its top byte): 0 for a native processor,
 /// 1 to 255 for a generic one. Only code object V6 and later set it.
 pub fn generic_version(e_flags: u32) -> u8 {
@@ -754,6 +801,24 @@ pub enum EFlagsError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bundle_names_a_feature_in_every_entry_of_a_processor_or_in_none() {
+        let targets =
+            |ids: &[&str]| -> Vec<TargetId> { ids.iter().map(|t| t.parse().unwrap()).collect() };
+        assert!(check_composition(&targets(&["gfx90a", "gfx942", "gfx950", "sm_90"])).is_ok());
+        assert!(check_composition(&targets(&["gfx942:xnack-", "gfx942:xnack+", "gfx90a"])).is_ok());
+        let error =
+            check_composition(&targets(&["gfx942", "gfx90a:xnack-", "gfx942:xnack-"])).unwrap_err();
+        assert_eq!(error.any.to_string(), "gfx942");
+        assert_eq!(error.named.to_string(), "gfx942:xnack-");
+        assert!(
+            error
+                .to_string()
+                .contains("name xnack in every gfx942 target"),
+            "{error}"
+        );
+    }
 
     fn target(text: &str) -> TargetId {
         text.parse()

@@ -95,6 +95,7 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
         .targets
         .clone()
         .unwrap_or_else(|| package.targets.clone());
+    hkload::target::check_composition(&targets)?;
     let toolchain = Toolchain::discover(&options.tools)?;
     toolchain.check_targets(&targets)?;
     let cache = Cache::open(&options.cache_dir)?;

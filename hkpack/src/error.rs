@@ -18,6 +18,8 @@ pub enum Error {
     Package(#[from] PackageError),
     #[error(transparent)]
     Bundle(#[from] hkload::Error),
+    #[error(transparent)]
+    Targets(#[from] hkload::target::CompositionError),
     #[error("{} of the build's jobs failed:\n{}", .0.len(), list(.0))]
     Jobs(Vec<JobError>),
 }

@@ -312,6 +312,40 @@ fn package_errors_name_the_file_and_line() {
 }
 
 #[test]
+fn targets_that_cannot_share_a_bundle_are_refused() {
+    let package = TempPackage::new(
+        &["gfx942", "gfx942:xnack-"],
+        &[("scale", SCALE_SOURCE, SCALE_MANIFEST)],
+    );
+    assert_contains(
+        &build_err(&package),
+        &[
+            "targets gfx942 and gfx942:xnack- cannot share a bundle",
+            "name xnack in every gfx942 target",
+        ],
+    );
+    let mut options = package.options();
+    options.targets = Some(vec![
+        "gfx942:xnack-".parse().unwrap(),
+        "gfx942:xnack+".parse().unwrap(),
+    ]);
+    let report = build_ok(&options);
+    let manifest = manifest(&report.bundle);
+    let ids: Vec<String> = manifest.modules[0]
+        .entries
+        .iter()
+        .map(|e| e.id.to_string())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "hipv4-amdgcn-amd-amdhsa--gfx942:xnack-",
+            "hipv4-amdgcn-amd-amdhsa--gfx942:xnack+"
+        ]
+    );
+}
+
+#[test]
 fn signature_mismatches_fail_naming_kernel_target_and_argument() {
     let cases: [(String, &[&str]); 5] = [
         (
