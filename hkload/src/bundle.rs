@@ -207,6 +207,11 @@ impl Bundle {
     /// Kernel `symbol`'s signature and per-target ABI, reading its module's ABI file on first
     /// use.
     pub fn kernel_record(&self, symbol: &str) -> Result<&KernelRecord> {
+        self.kernel_location(symbol).map(|(_, record)| record)
+    }
+
+    /// The index of the module holding kernel `symbol`, and the kernel's record.
+    fn kernel_location(&self, symbol: &str) -> Result<(usize, &KernelRecord)> {
         let inner = &*self.inner;
         let index = *inner
             .kernels
@@ -216,9 +221,10 @@ impl Bundle {
                 known: inner.manifest.kernel_symbols().map(str::to_owned).collect(),
             })?;
         let abi = self.module_abi(index)?;
-        Ok(abi
+        let record = abi
             .kernel(symbol)
-            .expect("an ABI file is accepted only if it lists exactly its module's kernels"))
+            .expect("an ABI file is accepted only if it lists exactly its module's kernels");
+        Ok((index, record))
     }
 
     /// Every kernel's record, modules in manifest order (reads every ABI file).
@@ -524,10 +530,9 @@ impl LoadedBundle {
 
     /// The kernel `symbol`, loading its module on first use.
     pub fn kernel(&self, symbol: &str) -> Result<Kernel> {
-        let bundle = &self.inner.bundle;
-        let record = bundle.kernel_record(symbol)?;
-        // `kernel_record` found the kernel, so its module is known; slots are in module order.
-        let slot = &self.inner.modules[bundle.inner.kernels[symbol]];
+        let (module_index, record) = self.inner.bundle.kernel_location(symbol)?;
+        // Slots are in module order.
+        let slot = &self.inner.modules[module_index];
         let abi = kernel_abi(record, &slot.entry)?;
         let layout = ArgLayout::new(
             &record.args,

@@ -362,13 +362,17 @@ pub fn compress(bundle: &[u8], level: i32) -> Result<Vec<u8>, FormatError> {
     Ok(out)
 }
 
-/// If `bytes` is a CCOB, decompresses it (versions 1, 2 and 3; zstd only), checking every
-/// header field against the file and the result, the MD5 prefix included (LLVM does not check
-/// it on load). Otherwise returns the bytes borrowed.
-pub fn decompress(bytes: &[u8]) -> Result<Cow<'_, [u8]>, FormatError> {
-    if !is_compressed(bytes) {
-        return Ok(Cow::Borrowed(bytes));
-    }
+/// The zstd stream inside a CCOB file and the header that describes it, after checking the
+/// header against the file: its total size, and the uncompressed size against the cap.
+fn open_compressed(
+    bytes: &[u8],
+) -> Result<
+    (
+        CompressedHeader,
+        zstd::stream::read::Decoder<'static, &[u8]>,
+    ),
+    FormatError,
+> {
     let (header, header_len) = CompressedHeader::parse(bytes)?;
     let file_len = widen(bytes.len());
     if let Some(declared) = header.total_size.filter(|&declared| declared != file_len) {
@@ -379,20 +383,33 @@ pub fn decompress(bytes: &[u8]) -> Result<Cow<'_, [u8]>, FormatError> {
     }
     check_uncompressed_size(header.uncompressed_size)?;
     let payload = bytes.get(header_len..).unwrap_or_default();
+    let decoder = zstd::stream::read::Decoder::with_buffer(payload).map_err(zstd_error)?;
+    Ok((header, decoder))
+}
 
+fn zstd_error(error: std::io::Error) -> FormatError {
+    FormatError::ZstdDecompress {
+        detail: error.to_string(),
+    }
+}
+
+/// If `bytes` is a CCOB, decompresses it (versions 1, 2 and 3; zstd only), checking every
+/// header field against the file and the result, the MD5 prefix included (LLVM does not check
+/// it on load). Otherwise returns the bytes borrowed.
+pub fn decompress(bytes: &[u8]) -> Result<Cow<'_, [u8]>, FormatError> {
+    if !is_compressed(bytes) {
+        return Ok(Cow::Borrowed(bytes));
+    }
+    let (header, decoder) = open_compressed(bytes)?;
     // Reading one byte past the promised size is enough to tell a lying header from an honest
     // one, and never lets the output grow beyond the cap.
     let declared = header.uncompressed_size;
-    let corrupt = |error: std::io::Error| FormatError::ZstdDecompress {
-        detail: error.to_string(),
-    };
-    let decoder = zstd::stream::read::Decoder::with_buffer(payload).map_err(corrupt)?;
-    // The size is capped above, so reserving it up front is safe and saves regrowing.
+    // The size is capped by `open_compressed`, so reserving it up front is safe and saves regrowing.
     let mut bundle = Vec::with_capacity(declared as usize);
     decoder
         .take(declared.saturating_add(1))
         .read_to_end(&mut bundle)
-        .map_err(corrupt)?;
+        .map_err(zstd_error)?;
     let actual = widen(bundle.len());
     if actual > declared {
         return Err(FormatError::UncompressedTooLong { declared });
@@ -424,21 +441,8 @@ pub fn extract_entry<'a>(bytes: &'a [u8], id: &str) -> Result<Cow<'a, [u8]>, For
             .map(|entry| Cow::Borrowed(entry.bytes))
             .ok_or_else(|| FormatError::NoSuchEntry { id: id.into() });
     }
-    let (header, header_len) = CompressedHeader::parse(bytes)?;
-    let file_len = widen(bytes.len());
-    if let Some(declared) = header.total_size.filter(|&declared| declared != file_len) {
-        return Err(FormatError::CompressedSizeMismatch {
-            declared,
-            len: file_len,
-        });
-    }
-    check_uncompressed_size(header.uncompressed_size)?;
+    let (header, mut decoder) = open_compressed(bytes)?;
     let declared = header.uncompressed_size;
-    let payload = bytes.get(header_len..).unwrap_or_default();
-    let corrupt = |error: std::io::Error| FormatError::ZstdDecompress {
-        detail: error.to_string(),
-    };
-    let mut decoder = zstd::stream::read::Decoder::with_buffer(payload).map_err(corrupt)?;
     let mut bundle = Vec::new();
     // Reads until `bundle` holds `len` bytes (at most `declared`); a stream that ends sooner is
     // shorter than its header says.
@@ -449,7 +453,7 @@ pub fn extract_entry<'a>(bytes: &'a [u8], id: &str) -> Result<Cow<'a, [u8]>, For
             (&mut decoder)
                 .take(want - have)
                 .read_to_end(bundle)
-                .map_err(corrupt)?;
+                .map_err(zstd_error)?;
         }
         let actual = widen(bundle.len());
         if actual < want {
