@@ -198,14 +198,13 @@ impl FromStr for Param {
 
 impl Serialize for Param {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        crate::text::serialize(self, serializer)
     }
 }
 
 impl<'de> Deserialize<'de> for Param {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
+        crate::text::deserialize(deserializer)
     }
 }
 

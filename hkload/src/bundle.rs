@@ -3,30 +3,30 @@
 //! kernels looked up by name.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::device::Device;
 use crate::driver::{FunctionHandle, LaunchDims, ModuleHandle, StreamHandle};
 use crate::error::{Error, LaunchError, Result};
+use crate::index::{INDEX_FILE, Index};
 use crate::launch::{Arg, ArgLayout, shared_memory_limit};
 use crate::manifest::{
-    BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ModuleAbi, ModuleRecord,
+    BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ModuleAbi, ModuleRecord, Sha256Digest,
 };
 use crate::offload;
-use crate::select::{Selection, select};
+use crate::select::{Selection, choose, select};
 use crate::target::{EntryId, TargetId};
 
 /// How [`Bundle::open_with`] treats the files it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpenOptions {
-    /// Check each module file's SHA-256 against the manifest before its first use (which
-    /// covers every code image in it). On by default; turning it off saves the hashing time at
-    /// start-up and trusts the files.
+    /// Check every byte hkload uses against its SHA-256 before using it: each code image
+    /// before it is loaded (against the manifest's digest of that image), the index (against
+    /// its own digest) or, in a bundle without one, each ABI file (against the manifest). On
+    /// by default; turning it off saves the hashing time at start-up and trusts the files.
     pub verify_hashes: bool,
 }
 
@@ -48,26 +48,41 @@ struct Inner {
     /// Where the bundle came from, for messages: its folder, or `<embedded>`.
     origin: PathBuf,
     source: Source,
-    manifest: BundleManifest,
+    records: Records,
     modules: Vec<ModuleFile>,
-    /// Which module holds each kernel.
-    kernels: HashMap<String, usize>,
     options: OpenOptions,
 }
 
-/// Where files other than the module files are read from, when they are needed.
+/// Where the manifest and the modules' ABIs come from.
+enum Records {
+    /// The index, `bundle.msgpack`: the manifest, and every ABI decoded on first use.
+    Index(Index),
+    /// A bundle with only its TOML files: `bundle.toml`, and each ABI file read on first use.
+    Toml(BundleManifest),
+}
+
+impl Records {
+    fn manifest(&self) -> &BundleManifest {
+        match self {
+            Self::Index(index) => &index.manifest,
+            Self::Toml(manifest) => manifest,
+        }
+    }
+}
+
+/// Where the bundle's files are read from, when they are needed.
 enum Source {
     Dir,
     Embedded(Vec<(String, &'static [u8])>),
 }
 
-/// The bytes of one module file, whether they passed the checks the options ask for (done
-/// once, on first use), and its ABI file, read on first use.
+/// A module file, mapped on first use, and its kernels' records, read on first use: one at a
+/// time from the index, or all at once from the module's ABI file in a bundle without one.
 struct ModuleFile {
     path: PathBuf,
-    bytes: FileBytes,
-    checked: OnceLock<Result<(), Error>>,
-    abi: OnceLock<Result<ModuleAbi, Error>>,
+    bytes: OnceLock<Result<FileBytes, Error>>,
+    kernels: Vec<OnceLock<Result<KernelRecord, Error>>>,
+    abi_file: OnceLock<Result<ModuleAbi, Error>>,
 }
 
 enum FileBytes {
@@ -86,7 +101,7 @@ impl FileBytes {
 
 impl std::fmt::Debug for Bundle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let package = &self.inner.manifest.package;
+        let package = &self.manifest().package;
         write!(
             f,
             "Bundle({} {} at {})",
@@ -98,180 +113,167 @@ impl std::fmt::Debug for Bundle {
 }
 
 impl Bundle {
-    /// Opens the bundle folder `dir` (the one holding `bundle.toml`) with default options.
+    /// Opens the bundle folder `dir` (the one `hkpack build` wrote) with default options.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         Self::open_with(dir, OpenOptions::default())
     }
 
-    /// Opens the bundle folder `dir`: reads and validates the manifest and maps every module
-    /// file, checking its size. Hashes are checked when a module is first used.
+    /// Opens the bundle folder `dir`: reads and validates its index (`bundle.msgpack`) or, in
+    /// a bundle without one, its `bundle.toml`. Nothing else is read here: module files are
+    /// mapped, checked and hashed when a module is first used (or at
+    /// [`LoadedBundle::preload`]), so opening costs the same however many modules there are.
     pub fn open_with(dir: impl AsRef<Path>, options: OpenOptions) -> Result<Self> {
-        let dir = dir.as_ref();
-        let manifest_path = dir.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&manifest_path).map_err(|e| Error::Io {
-            path: manifest_path.clone(),
-            detail: if e.kind() == std::io::ErrorKind::NotFound {
-                format!(
-                    "{e}; is {} a bundle folder made by `hkpack build`?",
-                    dir.display()
-                )
-            } else {
-                e.to_string()
-            },
-        })?;
-        let manifest = parse_manifest(&text, &manifest_path)?;
-        let mut files = Vec::with_capacity(manifest.modules.len());
-        for module in &manifest.modules {
-            let path = dir.join(&module.file);
-            let io = |e: std::io::Error| Error::Io {
-                path: path.clone(),
-                detail: e.to_string(),
-            };
-            let file = std::fs::File::open(&path).map_err(io)?;
-            // SAFETY: the map is read-only and private to this process. Bundles are written
-            // aside and moved into place whole, so a file is never rewritten while mapped by
-            // a well-behaved producer; hashes catch the rest when verification is on.
-            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-            files.push(ModuleFile::new(path, FileBytes::Mapped(map), module)?);
-        }
-        Ok(Self::assemble(
-            dir.to_owned(),
-            Source::Dir,
-            manifest,
-            files,
-            options,
-        ))
+        Self::read(dir.as_ref().to_owned(), Source::Dir, options)
     }
 
-    /// A bundle embedded in the program, e.g. with `include_bytes!`: the manifest text and the
-    /// bytes of every other file of the bundle folder (module and ABI files) under its name.
-    pub fn from_bytes(
-        manifest: &str,
-        files: &[(&str, &'static [u8])],
-        options: OpenOptions,
-    ) -> Result<Self> {
-        let origin = PathBuf::from("<embedded>");
-        let manifest = parse_manifest(manifest, &origin.join(MANIFEST_FILE))?;
-        let mut modules = Vec::with_capacity(manifest.modules.len());
-        for module in &manifest.modules {
-            let path = origin.join(&module.file);
-            let bytes = files
-                .iter()
-                .find(|(name, _)| *name == module.file)
-                .map(|(_, bytes)| *bytes)
-                .ok_or_else(|| Error::Io {
-                    path: path.clone(),
-                    detail: format!("module `{}` was not among the embedded files", module.name),
-                })?;
-            modules.push(ModuleFile::new(path, FileBytes::Static(bytes), module)?);
-        }
+    /// A bundle embedded in the program, e.g. with `include_bytes!`: every file of the bundle
+    /// folder (or every one but the TOML files, or but the index) under its file name.
+    ///
+    /// ```
+    /// /// Opens the bundle whose index and module file the program carries, e.g. as
+    /// /// `include_bytes!("…/dist/hk-kernels-0.1.0/bundle.msgpack")`.
+    /// fn embedded(index: &'static [u8], rmsnorm: &'static [u8]) -> hkload::Result<hkload::Bundle> {
+    ///     let files = [("bundle.msgpack", index), ("rmsnorm.hipfb", rmsnorm)];
+    ///     hkload::Bundle::from_bytes(&files, hkload::OpenOptions::default())
+    /// }
+    /// ```
+    pub fn from_bytes(files: &[(&str, &'static [u8])], options: OpenOptions) -> Result<Self> {
         let files = files.iter().map(|(n, b)| ((*n).to_owned(), *b)).collect();
-        Ok(Self::assemble(
-            origin,
+        Self::read(
+            PathBuf::from("<embedded>"),
             Source::Embedded(files),
-            manifest,
-            modules,
             options,
-        ))
+        )
     }
 
-    fn assemble(
-        origin: PathBuf,
-        source: Source,
-        manifest: BundleManifest,
-        modules: Vec<ModuleFile>,
-        options: OpenOptions,
-    ) -> Self {
-        let kernels = manifest
+    fn read(origin: PathBuf, source: Source, options: OpenOptions) -> Result<Self> {
+        let index_path = origin.join(INDEX_FILE);
+        let records = match source.read(&index_path, INDEX_FILE) {
+            Ok(bytes) => Records::Index(Index::decode(&bytes, options.verify_hashes).map_err(
+                |source| Error::Manifest {
+                    path: index_path.clone(),
+                    source,
+                },
+            )?),
+            Err(missing) if missing.kind() == std::io::ErrorKind::NotFound => {
+                let path = origin.join(MANIFEST_FILE);
+                let bytes = source.read(&path, MANIFEST_FILE).map_err(|e| Error::Io {
+                    path: path.clone(),
+                    detail: if e.kind() == std::io::ErrorKind::NotFound {
+                        format!(
+                            "neither {INDEX_FILE} nor {MANIFEST_FILE} is there; is {} a bundle \
+                             folder made by `hkpack build`?",
+                            origin.display()
+                        )
+                    } else {
+                        e.to_string()
+                    },
+                })?;
+                Records::Toml(parse_manifest(&bytes, &path)?)
+            }
+            Err(e) => {
+                return Err(Error::Io {
+                    path: index_path,
+                    detail: e.to_string(),
+                });
+            }
+        };
+        let modules = records
+            .manifest()
             .modules
             .iter()
-            .enumerate()
-            .flat_map(|(i, m)| m.kernels.iter().map(move |k| (k.clone(), i)))
+            .map(|module| ModuleFile {
+                path: origin.join(&module.file),
+                bytes: OnceLock::new(),
+                kernels: module.kernels.iter().map(|_| OnceLock::new()).collect(),
+                abi_file: OnceLock::new(),
+            })
             .collect();
-        Self {
+        Ok(Self {
             inner: Arc::new(Inner {
                 origin,
                 source,
-                manifest,
+                records,
                 modules,
-                kernels,
                 options,
             }),
-        }
+        })
     }
 
     pub fn manifest(&self) -> &BundleManifest {
-        &self.inner.manifest
+        self.inner.records.manifest()
     }
 
-    /// Kernel `symbol`'s signature and per-target ABI, reading its module's ABI file on first
-    /// use.
+    /// Kernel `symbol`'s signature and per-target ABI, reading its module's ABI on first use.
     pub fn kernel_record(&self, symbol: &str) -> Result<&KernelRecord> {
         self.kernel_location(symbol).map(|(_, record)| record)
     }
 
     /// The index of the module holding kernel `symbol`, and the kernel's record.
     fn kernel_location(&self, symbol: &str) -> Result<(usize, &KernelRecord)> {
-        let inner = &*self.inner;
-        let index = *inner
-            .kernels
-            .get(symbol)
+        let manifest = self.manifest();
+        // A scan of a few dozen names costs less than building a map at every open.
+        let (module, kernel) = manifest
+            .modules
+            .iter()
+            .enumerate()
+            .find_map(|(m, module)| Some((m, module.kernels.iter().position(|k| k == symbol)?)))
             .ok_or_else(|| Error::UnknownKernel {
                 name: symbol.to_owned(),
-                known: inner.manifest.kernel_symbols().map(str::to_owned).collect(),
+                known: manifest.kernel_symbols().map(str::to_owned).collect(),
             })?;
-        let abi = self.module_abi(index)?;
-        let record = abi
-            .kernel(symbol)
-            .expect("an ABI file is accepted only if it lists exactly its module's kernels");
-        Ok((index, record))
+        Ok((module, self.record_at(module, kernel)?))
     }
 
-    /// Every kernel's record, modules in manifest order (reads every ABI file).
+    /// Every kernel's record, modules in manifest order (decodes or reads every one).
     pub fn kernel_records(&self) -> Result<Vec<&KernelRecord>> {
         let mut records = Vec::new();
-        for index in 0..self.inner.modules.len() {
-            records.extend(&self.module_abi(index)?.kernels);
+        for (m, module) in self.manifest().modules.iter().enumerate() {
+            for k in 0..module.kernels.len() {
+                records.push(self.record_at(m, k)?);
+            }
         }
         Ok(records)
     }
 
-    /// The ABI file of module `index`, read and checked on first use.
-    fn module_abi(&self, index: usize) -> Result<&ModuleAbi> {
+    /// The record of kernel `kernel` of module `module`, decoded from the index (that kernel's
+    /// alone) or read from the module's ABI file (all its kernels), and checked, on first use.
+    fn record_at(&self, module: usize, kernel: usize) -> Result<&KernelRecord> {
         let inner = &*self.inner;
-        let record = &inner.manifest.modules[index];
-        inner.modules[index]
-            .abi
-            .get_or_init(|| {
-                let path = inner.origin.join(&record.abi_file);
-                let bytes = inner.source.read(&path, &record.abi_file)?;
-                if inner.options.verify_hashes {
-                    check_sha256(&bytes, &record.abi_sha256, &format!("{}", path.display()))?;
-                }
-                let text = std::str::from_utf8(&bytes).map_err(|e| Error::Io {
-                    path: path.clone(),
-                    detail: format!("not UTF-8 text: {e}"),
-                })?;
-                ModuleAbi::from_toml(text, record).map_err(|source| Error::Manifest {
-                    path: path.clone(),
-                    source,
+        let file = &inner.modules[module];
+        match &inner.records {
+            Records::Index(index) => file.kernels[kernel]
+                .get_or_init(|| {
+                    index
+                        .kernel_record(module, kernel)
+                        .map_err(|source| Error::Manifest {
+                            path: inner.origin.join(INDEX_FILE),
+                            source,
+                        })
                 })
-            })
-            .as_ref()
-            .map_err(Clone::clone)
+                .as_ref()
+                .map_err(Clone::clone),
+            Records::Toml(manifest) => {
+                let abi = file
+                    .abi_file
+                    .get_or_init(|| inner.read_abi_file(&manifest.modules[module]))
+                    .as_ref()
+                    .map_err(Clone::clone)?;
+                Ok(&abi.kernels[kernel])
+            }
+        }
     }
 
     /// For each module, which entry would run on `device` and why every other was passed over.
     /// No driver is involved: this works on any machine.
     pub fn explain(&self, device: &TargetId) -> Explanation {
         let modules = self
-            .inner
-            .manifest
+            .manifest()
             .modules
             .iter()
             .map(|module| ModuleChoice {
                 module: module.name.clone(),
-                selection: select_entry(module, device),
+                selection: select(device, &entry_ids(module)),
             })
             .collect();
         Explanation {
@@ -285,20 +287,22 @@ impl Bundle {
     /// once with [`LoadedBundle::preload`]).
     pub fn load(&self, device: &Device) -> Result<LoadedBundle> {
         let target = device.target();
-        let mut modules = Vec::with_capacity(self.inner.manifest.modules.len());
-        for (index, record) in self.inner.manifest.modules.iter().enumerate() {
-            let selection = select_entry(record, target);
-            let Some((entry, _)) = selection.chosen() else {
+        let records = &self.manifest().modules;
+        let mut modules = Vec::with_capacity(records.len());
+        for (index, record) in records.iter().enumerate() {
+            let ids = entry_ids(record);
+            // The choice alone is cheap; the explanation is worked out only for an error.
+            let Some((chosen, _)) = choose(target, &ids) else {
                 return Err(Error::NoCodeObject {
                     module: record.name.clone(),
                     device: *target,
-                    available: record.entries.iter().map(|e| e.id.to_string()).collect(),
-                    explanation: selection.to_string(),
+                    available: ids.iter().map(EntryId::to_string).collect(),
+                    explanation: select(target, &ids).to_string(),
                 });
             };
             modules.push(ModuleSlot {
                 index,
-                entry: *entry,
+                entry: ids[chosen],
                 loaded: OnceLock::new(),
             });
         }
@@ -316,14 +320,16 @@ impl Bundle {
     /// the entry) if it is compressed.
     fn code_image(&self, index: usize, entry: &EntryId) -> Result<Cow<'_, [u8]>> {
         let inner = &*self.inner;
-        let record = &inner.manifest.modules[index];
+        let record = &self.manifest().modules[index];
         let file = &inner.modules[index];
-        file.checked
-            .get_or_init(|| file.check(record, inner.options))
-            .clone()?;
+        let bytes = file
+            .bytes
+            .get_or_init(|| file.open(record, &inner.source))
+            .as_ref()
+            .map_err(Clone::clone)?;
         let id = entry.to_string();
         let image =
-            offload::extract_entry(file.bytes.as_slice(), &id).map_err(|source| Error::Format {
+            offload::extract_entry(bytes.as_slice(), &id).map_err(|source| Error::Format {
                 module: record.name.clone(),
                 path: file.path.clone(),
                 source,
@@ -333,9 +339,10 @@ impl Bundle {
             .iter()
             .find(|e| &e.id == entry)
             .expect("entries are only chosen from the manifest's own list");
+        let what = || format!("entry `{id}` of {}", file.path.display());
         if image.len() as u64 != expected.size {
             return Err(Error::Mismatch {
-                what: format!("entry `{id}` of {}", file.path.display()),
+                what: what(),
                 detail: format!(
                     "it is {} bytes, the manifest says {}",
                     image.len(),
@@ -343,99 +350,127 @@ impl Bundle {
                 ),
             });
         }
-        // No second hash here: the file's SHA-256, checked once, covers every byte of every
-        // entry. The per-entry digests in the manifest are for other tools.
+        // The image alone is hashed, not the file: it is every byte that reaches the driver,
+        // and a plain bundle is often several times larger than the one image a device needs.
+        // The rest of the file is checked by its format (header, zero padding).
+        if inner.options.verify_hashes {
+            check_sha256(&image, &expected.sha256, &what())?;
+        }
         Ok(image)
     }
 }
 
-impl Source {
-    /// The bytes of the bundle file `name` (at `path` when the bundle is a folder).
-    fn read(&self, path: &Path, name: &str) -> Result<Cow<'static, [u8]>> {
-        match self {
-            Self::Dir => std::fs::read(path).map(Cow::Owned).map_err(|e| Error::Io {
-                path: path.to_owned(),
+impl Inner {
+    /// The ABI file of `module`, in a bundle without an index: read, verified if the options
+    /// ask, and checked against the manifest.
+    fn read_abi_file(&self, module: &ModuleRecord) -> Result<ModuleAbi> {
+        let path = self.origin.join(&module.abi_file);
+        let bytes = self
+            .source
+            .read(&path, &module.abi_file)
+            .map_err(|e| Error::Io {
+                path: path.clone(),
                 detail: e.to_string(),
-            }),
-            Self::Embedded(files) => files
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, bytes)| Cow::Borrowed(*bytes))
-                .ok_or_else(|| Error::Io {
-                    path: path.to_owned(),
-                    detail: format!("`{name}` was not among the embedded files"),
-                }),
+            })?;
+        if self.options.verify_hashes {
+            check_sha256(&bytes, &module.abi_sha256, &path.display().to_string())?;
+        }
+        let text = std::str::from_utf8(&bytes).map_err(|e| Error::Io {
+            path: path.clone(),
+            detail: format!("not UTF-8 text: {e}"),
+        })?;
+        ModuleAbi::from_toml(text, module).map_err(|source| Error::Manifest { path, source })
+    }
+}
+
+impl Source {
+    /// The bytes of the bundle file `name` (at `path` when the bundle is a folder); an
+    /// embedded file that is not there reads as `NotFound`, as a missing file does.
+    fn read(&self, path: &Path, name: &str) -> std::io::Result<Cow<'static, [u8]>> {
+        match self {
+            Self::Dir => std::fs::read(path).map(Cow::Owned),
+            Self::Embedded(files) => embedded(files, name).map(Cow::Borrowed),
         }
     }
 }
 
-fn parse_manifest(text: &str, path: &Path) -> Result<BundleManifest> {
+fn embedded(files: &[(String, &'static [u8])], name: &str) -> std::io::Result<&'static [u8]> {
+    files
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, bytes)| *bytes)
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("`{name}` was not among the embedded files"),
+            )
+        })
+}
+
+fn parse_manifest(bytes: &[u8], path: &Path) -> Result<BundleManifest> {
+    let text = std::str::from_utf8(bytes).map_err(|e| Error::Io {
+        path: path.to_owned(),
+        detail: format!("not UTF-8 text: {e}"),
+    })?;
     BundleManifest::from_toml(text).map_err(|source| Error::Manifest {
         path: path.to_owned(),
         source,
     })
 }
 
-fn select_entry(module: &ModuleRecord, device: &TargetId) -> Selection {
-    let ids: Vec<EntryId> = module.entries.iter().map(|e| e.id).collect();
-    select(device, &ids)
+fn entry_ids(module: &ModuleRecord) -> Vec<EntryId> {
+    module.entries.iter().map(|e| e.id).collect()
 }
 
 impl ModuleFile {
-    fn new(path: PathBuf, bytes: FileBytes, record: &ModuleRecord) -> Result<Self> {
+    /// The module file's bytes (mapped from a folder), checked against what the manifest says
+    /// of its size and compression.
+    fn open(&self, record: &ModuleRecord, source: &Source) -> Result<FileBytes> {
+        let io = |e: std::io::Error| Error::Io {
+            path: self.path.clone(),
+            detail: e.to_string(),
+        };
+        let bytes = match source {
+            Source::Dir => {
+                let file = std::fs::File::open(&self.path).map_err(io)?;
+                // SAFETY: the map is read-only and private to this process. Bundles are
+                // written aside and moved into place whole, so a file is never rewritten while
+                // mapped by a well-behaved producer; hashes catch the rest when verifying.
+                FileBytes::Mapped(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
+            }
+            Source::Embedded(files) => {
+                FileBytes::Static(embedded(files, &record.file).map_err(io)?)
+            }
+        };
         let len = bytes.as_slice().len() as u64;
+        let what = || format!("module file {}", self.path.display());
         if len != record.size {
             return Err(Error::Mismatch {
-                what: format!("module file {}", path.display()),
+                what: what(),
                 detail: format!("it is {len} bytes, the manifest says {}", record.size),
             });
         }
-        Ok(Self {
-            path,
-            bytes,
-            checked: OnceLock::new(),
-            abi: OnceLock::new(),
-        })
-    }
-
-    /// The checks made once per file: its hash (if the options ask for it) and that it is
-    /// compressed exactly when the manifest says so.
-    fn check(&self, record: &ModuleRecord, options: OpenOptions) -> Result<()> {
-        let bytes = self.bytes.as_slice();
-        let what = format!("module file {}", self.path.display());
-        if options.verify_hashes {
-            check_sha256(bytes, &record.sha256, &what)?;
-        }
-        if offload::is_compressed(bytes) != record.compressed {
+        if offload::is_compressed(bytes.as_slice()) != record.compressed {
             return Err(Error::Mismatch {
-                what,
+                what: what(),
                 detail: format!(
                     "the manifest says it is {}compressed, the file says otherwise",
                     if record.compressed { "" } else { "not " }
                 ),
             });
         }
-        Ok(())
+        Ok(bytes)
     }
 }
 
-fn check_sha256(bytes: &[u8], expected: &str, what: &str) -> Result<()> {
-    let found = hex(&Sha256::digest(bytes));
-    if found == expected {
+fn check_sha256(bytes: &[u8], expected: &Sha256Digest, what: &str) -> Result<()> {
+    let found = Sha256Digest::of(bytes);
+    if found == *expected {
         return Ok(());
     }
     Err(Error::Mismatch {
         what: what.to_owned(),
         detail: format!("its SHA-256 is {found}, the manifest says {expected}"),
-    })
-}
-
-/// Lower-case hex of `bytes`, the form the manifest records digests in.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
     })
 }
 

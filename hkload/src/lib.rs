@@ -5,9 +5,10 @@
 //!
 //! # A walk-through
 //!
-//! **1. Open a bundle.** [`Bundle::open`] reads `bundle.toml`, checks its format version and
-//! maps the module files; nothing touches a GPU or the network. A bundle embedded in the
-//! program with `include_bytes!` opens with [`Bundle::from_bytes`].
+//! **1. Open a bundle.** [`Bundle::open`] reads the bundle's index (`bundle.msgpack`, the
+//! binary twin of its `bundle.toml`) and checks its format version; module files are mapped
+//! when first used. Nothing touches a GPU or the network. A bundle embedded in the program
+//! with `include_bytes!` opens with [`Bundle::from_bytes`].
 //!
 //! ```no_run
 //! let bundle = hkload::Bundle::open("dist/hk-kernels-0.1.0")?;
@@ -97,11 +98,13 @@ pub mod code_object;
 pub mod device;
 pub mod driver;
 mod error;
+pub mod index;
 mod launch;
 pub mod manifest;
 pub mod offload;
 pub mod select;
 pub mod target;
+mod text;
 
 pub use bundle::{Bundle, Explanation, Kernel, LoadedBundle, OpenOptions};
 pub use device::{Device, DeviceBuffer};

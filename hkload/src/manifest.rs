@@ -1,9 +1,11 @@
 //! The bundle manifest, `bundle.toml`, and the modules' ABI files: what a bundle folder holds
-//! and what every kernel in it expects. hkpack writes them; hkload reads the manifest before
-//! touching any module file, and a module's ABI file when the module is first used.
+//! and what every kernel in it expects. hkpack writes them, and the same records once more in
+//! the index ([`crate::index`]), which is what hkload reads when it is there; without it,
+//! hkload reads the manifest before touching any module file, and a module's ABI file when the
+//! module is first used.
 //!
 //! ```toml
-//! format_version = "1.0"
+//! format_version = "1.1"
 //! targets = ["gfx90a", "gfx942", "gfx950", "sm_80", "sm_90"]
 //!
 //! [package]
@@ -44,6 +46,7 @@
 //! ```
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::abi::Signature;
 use crate::target::{EntryId, TargetId};
@@ -55,7 +58,10 @@ pub const MANIFEST_FILE: &str = "bundle.toml";
 pub const ABI_EXTENSION: &str = "abi.toml";
 
 /// The bundle format this crate writes. Readers accept any minor version of the same major.
-pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 0 };
+///
+/// 1.1 added the index, `bundle.msgpack` (see [`crate::index`]); 1.0 bundles have only the TOML
+/// files, and hkload still reads them.
+pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 1 };
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -83,7 +89,7 @@ pub struct Toolchain {
     /// `clang --version`, first line.
     pub clang: String,
     /// `ptxas --version`, last line; absent when NVIDIA targets shipped PTX only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub ptxas: Option<String>,
     pub amd_code_object_version: u32,
 }
@@ -97,8 +103,8 @@ pub struct ModuleRecord {
     pub file: String,
     /// Size of the file in bytes.
     pub size: u64,
-    /// SHA-256 of the whole file, lower-case hex.
-    pub sha256: String,
+    /// SHA-256 of the whole file.
+    pub sha256: Sha256Digest,
     /// Whether the file is a compressed (`CCOB`) bundle.
     pub compressed: bool,
     /// The kernels the module holds, in declaration order.
@@ -106,8 +112,8 @@ pub struct ModuleRecord {
     /// The module's ABI file (`<module>.abi.toml`: each kernel's signature and per-target
     /// ABI), read only when the module is used, so opening a bundle stays cheap.
     pub abi_file: String,
-    /// SHA-256 of the ABI file, lower-case hex.
-    pub abi_sha256: String,
+    /// SHA-256 of the ABI file.
+    pub abi_sha256: Sha256Digest,
     #[serde(rename = "entry")]
     pub entries: Vec<EntryRecord>,
 }
@@ -119,8 +125,8 @@ pub struct EntryRecord {
     pub id: EntryId,
     /// Size of the (uncompressed) code image in bytes.
     pub size: u64,
-    /// SHA-256 of the code image, lower-case hex.
-    pub sha256: String,
+    /// SHA-256 of the code image.
+    pub sha256: Sha256Digest,
 }
 
 /// A module's ABI file: every kernel of the module with its signature and per-target ABI.
@@ -136,16 +142,22 @@ impl ModuleAbi {
     /// manifest lists for it.
     pub fn from_toml(text: &str, module: &ModuleRecord) -> Result<Self, ManifestError> {
         let abi: Self = toml::from_str(text).map_err(|e| ManifestError::Syntax(e.to_string()))?;
-        let symbols: Vec<&str> = abi.kernels.iter().map(|k| k.symbol.as_str()).collect();
+        abi.check_against(module)?;
+        Ok(abi)
+    }
+
+    /// Checks that these are exactly the kernels the manifest lists for `module`, in order.
+    pub(crate) fn check_against(&self, module: &ModuleRecord) -> Result<(), ManifestError> {
+        let symbols: Vec<&str> = self.kernels.iter().map(|k| k.symbol.as_str()).collect();
         if symbols != module.kernels {
             return Err(ManifestError::Invalid(format!(
-                "the ABI file of module `{}` describes kernels [{}] but the manifest lists [{}]",
+                "the ABI of module `{}` describes kernels [{}] but the manifest lists [{}]",
                 module.name,
                 symbols.join(", "),
                 module.kernels.join(", ")
             )));
         }
-        Ok(abi)
+        Ok(())
     }
 
     /// The ABI file as TOML text; deterministic for the same kernels.
@@ -190,14 +202,14 @@ pub struct KernelAbi {
     pub kernarg_size: u32,
     pub kernarg_align: u32,
     /// AMD register counts: scalar, vector, accumulation.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub sgpr_count: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub vgpr_count: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub agpr_count: Option<u32>,
     /// NVIDIA registers per thread (from ptxas; absent for PTX-only builds).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub registers: Option<u32>,
     /// Registers spilled to scratch, scalar and vector together.
     pub spills: u32,
@@ -207,6 +219,85 @@ pub struct KernelAbi {
     pub private_segment_size: u32,
     pub wavefront_size: u32,
     pub max_flat_workgroup_size: u32,
+}
+
+/// A SHA-256 digest, as the manifest records it: lower-case hex in the TOML files (what
+/// `sha256sum` prints), the 32 bytes themselves in the index.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sha256Digest(pub [u8; 32]);
+
+impl Sha256Digest {
+    pub fn of(bytes: &[u8]) -> Self {
+        Self(Sha256::digest(bytes).into())
+    }
+}
+
+impl std::fmt::Display for Sha256Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&hex(&self.0))
+    }
+}
+
+impl std::fmt::Debug for Sha256Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sha256Digest({self})")
+    }
+}
+
+impl std::str::FromStr for Sha256Digest {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("`{text}` is not a SHA-256 digest (64 lower-case hex digits)");
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        let text_bytes = text.as_bytes();
+        if text_bytes.len() != 64 {
+            return Err(bad());
+        }
+        let mut digest = [0; 32];
+        for (byte, pair) in digest.iter_mut().zip(text_bytes.chunks_exact(2)) {
+            *byte = digit(pair[0])
+                .zip(digit(pair[1]))
+                .map(|(hi, lo)| hi << 4 | lo)
+                .ok_or_else(bad)?;
+        }
+        Ok(Self(digest))
+    }
+}
+
+impl Serialize for Sha256Digest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            crate::text::serialize(self, serializer)
+        } else {
+            serializer.serialize_bytes(&self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Sha256Digest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        if deserializer.is_human_readable() {
+            return crate::text::deserialize(deserializer);
+        }
+        let bytes = serde_bytes::ByteArray::<32>::deserialize(deserializer)?;
+        Ok(Self(bytes.into_array()))
+    }
+}
+
+/// Lower-case hex of `bytes`, the form the manifest records digests in.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(2 * bytes.len()), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 /// `major.minor`; a reader refuses a newer major and accepts any minor.
@@ -237,15 +328,13 @@ impl std::str::FromStr for FormatVersion {
 
 impl Serialize for FormatVersion {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        crate::text::serialize(self, serializer)
     }
 }
 
 impl<'de> Deserialize<'de> for FormatVersion {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        String::deserialize(deserializer)?
-            .parse()
-            .map_err(serde::de::Error::custom)
+        crate::text::deserialize(deserializer)
     }
 }
 
@@ -294,15 +383,13 @@ impl BundleManifest {
     }
 
     /// Checks what serde cannot: names unique, references resolve, files stay in the folder.
-    fn validate(&self) -> Result<(), ManifestError> {
-        let mut modules = std::collections::HashSet::new();
+    pub(crate) fn validate(&self) -> Result<(), ManifestError> {
+        if let Some(name) = first_duplicate(self.modules.iter().map(|m| m.name.as_str())) {
+            return Err(ManifestError::Invalid(format!(
+                "module `{name}` is listed twice"
+            )));
+        }
         for module in &self.modules {
-            if !modules.insert(module.name.as_str()) {
-                return Err(ManifestError::Invalid(format!(
-                    "module `{}` is listed twice",
-                    module.name
-                )));
-            }
             for file in [&module.file, &module.abi_file] {
                 let plain_name =
                     !file.is_empty() && !file.starts_with('.') && !file.contains(['/', '\\']);
@@ -313,26 +400,31 @@ impl BundleManifest {
                     )));
                 }
             }
-            let mut entries = std::collections::HashSet::new();
-            for entry in &module.entries {
-                if !entries.insert(&entry.id) {
-                    return Err(ManifestError::Invalid(format!(
-                        "module `{}` lists entry `{}` twice",
-                        module.name, entry.id
-                    )));
-                }
-            }
-        }
-        let mut symbols = std::collections::HashSet::new();
-        for symbol in self.kernel_symbols() {
-            if !symbols.insert(symbol) {
+            if let Some(id) = first_duplicate(module.entries.iter().map(|e| e.id)) {
                 return Err(ManifestError::Invalid(format!(
-                    "kernel `{symbol}` is listed twice"
+                    "module `{}` lists entry `{id}` twice",
+                    module.name
                 )));
             }
         }
+        if let Some(symbol) = first_duplicate(self.kernel_symbols()) {
+            return Err(ManifestError::Invalid(format!(
+                "kernel `{symbol}` is listed twice"
+            )));
+        }
         Ok(())
     }
+}
+
+/// The smallest item that occurs more than once. Sorting a few dozen names is cheaper than
+/// hashing them, and this runs at every open.
+fn first_duplicate<T: Ord + Copy>(items: impl Iterator<Item = T>) -> Option<T> {
+    let mut items: Vec<T> = items.collect();
+    items.sort_unstable();
+    items
+        .windows(2)
+        .find(|pair| pair[0] == pair[1])
+        .map(|pair| pair[0])
 }
 
 /// A `bundle.toml` that cannot be used.

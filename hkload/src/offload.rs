@@ -80,33 +80,11 @@ impl<'a> OffloadBundle<'a> {
         let file_len = widen(bytes.len());
         let (descriptors, header_len) = read_header(bytes, file_len)?;
         let mut entries = Vec::with_capacity(descriptors.len());
-        for (id, offset, size) in descriptors {
-            if offset < header_len {
-                return Err(FormatError::EntryInsideHeader {
-                    id: id.into(),
-                    offset,
-                    header_len,
-                });
-            }
-            let code_object =
-                slice(bytes, offset, size).ok_or_else(|| FormatError::EntryOutOfBounds {
-                    id: id.into(),
-                    offset,
-                    size,
-                    len: file_len,
-                })?;
-            // An empty entry occupies no bytes, so where it points does not matter; clang puts
-            // its host entry at the offset of the next code object.
-            if size != 0 && offset % CODE_OBJECT_ALIGN != 0 {
-                return Err(FormatError::MisalignedEntry {
-                    id: id.into(),
-                    offset,
-                });
-            }
+        for descriptor in descriptors {
             entries.push(Entry {
-                id,
-                offset,
-                bytes: code_object,
+                id: descriptor.0,
+                offset: descriptor.1,
+                bytes: code_object(bytes, header_len, descriptor)?,
             });
         }
 
@@ -127,6 +105,37 @@ impl<'a> OffloadBundle<'a> {
 
 /// One entry's ID, offset and size as its descriptor gives them.
 type Descriptor<'a> = (&'a str, u64, u64);
+
+/// The bytes a descriptor points at, which must lie past the header, inside the file, and (if
+/// any) start page-aligned.
+fn code_object<'a>(
+    bytes: &'a [u8],
+    header_len: u64,
+    (id, offset, size): Descriptor<'_>,
+) -> Result<&'a [u8], FormatError> {
+    if offset < header_len {
+        return Err(FormatError::EntryInsideHeader {
+            id: id.into(),
+            offset,
+            header_len,
+        });
+    }
+    let code_object = slice(bytes, offset, size).ok_or_else(|| FormatError::EntryOutOfBounds {
+        id: id.into(),
+        offset,
+        size,
+        len: widen(bytes.len()),
+    })?;
+    // An empty entry occupies no bytes, so where it points does not matter; clang puts its host
+    // entry at the offset of the next code object.
+    if size != 0 && offset % CODE_OBJECT_ALIGN != 0 {
+        return Err(FormatError::MisalignedEntry {
+            id: id.into(),
+            offset,
+        });
+    }
+    Ok(code_object)
+}
 
 /// Reads the header at the start of `bytes` (which may be only a prefix of the bundle) of a
 /// bundle of `file_len` bytes: the descriptors in header order, and where the header ends.
@@ -400,15 +409,28 @@ pub fn decompress(bytes: &[u8]) -> Result<Cow<'_, [u8]>, FormatError> {
     if !is_compressed(bytes) {
         return Ok(Cow::Borrowed(bytes));
     }
-    let (header, decoder) = open_compressed(bytes)?;
+    let (header, mut decoder) = open_compressed(bytes)?;
+    let mut bundle = Vec::new();
+    read_rest(&mut decoder, &mut bundle, &header)?;
+    Ok(Cow::Owned(bundle))
+}
+
+/// Reads what is left of a CCOB's stream onto `bundle` and checks the whole against the
+/// header: exactly the declared size, and the MD5 prefix (LLVM does not check it on load).
+fn read_rest(
+    decoder: impl Read,
+    bundle: &mut Vec<u8>,
+    header: &CompressedHeader,
+) -> Result<(), FormatError> {
+    let declared = header.uncompressed_size;
     // Reading one byte past the promised size is enough to tell a lying header from an honest
     // one, and never lets the output grow beyond the cap.
-    let declared = header.uncompressed_size;
+    let left = declared.saturating_sub(widen(bundle.len()));
     // The size is capped by `open_compressed`, so reserving it up front is safe and saves regrowing.
-    let mut bundle = Vec::with_capacity(declared as usize);
+    bundle.reserve_exact(narrow(left)?);
     decoder
-        .take(declared.saturating_add(1))
-        .read_to_end(&mut bundle)
+        .take(left.saturating_add(1))
+        .read_to_end(bundle)
         .map_err(zstd_error)?;
     let actual = widen(bundle.len());
     if actual > declared {
@@ -417,29 +439,32 @@ pub fn decompress(bytes: &[u8]) -> Result<Cow<'_, [u8]>, FormatError> {
     if actual < declared {
         return Err(FormatError::UncompressedTooShort { declared, actual });
     }
-
-    let actual = md5_prefix(&bundle);
+    let actual = md5_prefix(bundle);
     if actual != header.hash {
         return Err(FormatError::HashMismatch {
             recorded: header.hash,
             actual,
         });
     }
-    Ok(Cow::Owned(bundle))
+    Ok(())
 }
 
-/// The code object `id` of a bundle, plain or compressed. A plain bundle is parsed and checked
-/// whole and the entry borrowed from it. A compressed one is decompressed only as far as the
+/// The code object `id` of a bundle, plain or compressed. From a plain bundle, the header is
+/// read and checked and the entry borrowed; the other entries are not looked at. A compressed one is decompressed only as far as the
 /// entry's end (bundles put native code first and PTX last, so a device rarely pays for the
-/// PTX); its header fields are checked as [`decompress`] does, but the layout beyond the entry
-/// is not seen, so callers that must trust every byte check the file's hash first.
+/// PTX); its header fields are checked as [`decompress`] does, and when the entry is the last
+/// one the whole is too (size and MD5 prefix), but the layout beyond the entry is not seen:
+/// callers that must trust the entry check its hash.
 pub fn extract_entry<'a>(bytes: &'a [u8], id: &str) -> Result<Cow<'a, [u8]>, FormatError> {
     if !is_compressed(bytes) {
-        let bundle = OffloadBundle::parse(bytes)?;
-        return bundle
-            .entry(id)
-            .map(|entry| Cow::Borrowed(entry.bytes))
-            .ok_or_else(|| FormatError::NoSuchEntry { id: id.into() });
+        // The header and the entry alone: checking the rest of the layout, as `parse` does,
+        // would touch the pages of every other entry, code this device never runs.
+        let (descriptors, header_len) = read_header(bytes, widen(bytes.len()))?;
+        let descriptor = descriptors
+            .into_iter()
+            .find(|(entry, ..)| *entry == id)
+            .ok_or_else(|| FormatError::NoSuchEntry { id: id.into() })?;
+        return code_object(bytes, header_len, descriptor).map(Cow::Borrowed);
     }
     let (header, mut decoder) = open_compressed(bytes)?;
     let declared = header.uncompressed_size;
@@ -464,15 +489,20 @@ pub fn extract_entry<'a>(bytes: &'a [u8], id: &str) -> Result<Cow<'a, [u8]>, For
 
     // The header comes first; ours fit in the first 4096 bytes, others may need more.
     let mut window = HEADER_WINDOW;
-    let (offset, size) = loop {
+    let (offset, size, last) = loop {
         fill(&mut bundle, window)?;
         match read_header(&bundle, declared) {
             Ok((descriptors, _)) => {
-                break descriptors
+                let (offset, size) = descriptors
                     .iter()
                     .find(|(entry, ..)| *entry == id)
                     .map(|&(_, offset, size)| (offset, size))
                     .ok_or_else(|| FormatError::NoSuchEntry { id: id.into() })?;
+                let end = offset.saturating_add(size);
+                let last = descriptors
+                    .iter()
+                    .all(|&(_, o, s)| o.saturating_add(s) <= end);
+                break (offset, size, last);
             }
             Err(FormatError::HeaderTruncated { .. }) if widen(bundle.len()) < declared => {
                 window = window.saturating_mul(2);
@@ -489,9 +519,14 @@ pub fn extract_entry<'a>(bytes: &'a [u8], id: &str) -> Result<Cow<'a, [u8]>, For
             size,
             len: declared,
         })?;
-    // `end` is at most the capped declared size, so reserving it is safe and saves regrowing.
-    bundle.reserve_exact(narrow(end)?.saturating_sub(bundle.len()));
-    fill(&mut bundle, end)?;
+    if last {
+        // Nothing would be left to skip: read the whole and check it as `decompress` does.
+        read_rest(&mut decoder, &mut bundle, &header)?;
+    } else {
+        // `end` is at most the capped declared size, so reserving it is safe and saves regrowing.
+        bundle.reserve_exact(narrow(end)?.saturating_sub(bundle.len()));
+        fill(&mut bundle, end)?;
+    }
     let range = narrow(offset)?..narrow(end)?;
     Ok(Cow::Owned(bundle.get(range).unwrap_or_default().to_vec()))
 }

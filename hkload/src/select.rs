@@ -255,42 +255,42 @@ impl fmt::Display for Selection {
     }
 }
 
+/// The entry `device` runs from the `entries` of one module (its index) and how it matches,
+/// or `None` when none can run there. This is the rule [`select`] explains, without the
+/// explanation: it allocates nothing, so loading a bundle pays only for the choice.
+pub fn choose(device: &TargetId, entries: &[EntryId]) -> Option<(usize, Match)> {
+    entries
+        .iter()
+        .enumerate()
+        .filter_map(|(index, entry)| Some((index, assess(device, entry).ok()?)))
+        .min_by(|&(a, a_matched), &(b, b_matched)| {
+            rank(a_matched, &entries[a])
+                .cmp(&rank(b_matched, &entries[b]))
+                // Ties (only in bundles that break clang's composition rules) go to the
+                // canonical ID, then to the first listed, never to the order alone.
+                .then_with(|| entries[a].to_string().cmp(&entries[b].to_string()))
+                .then(a.cmp(&b))
+        })
+}
+
 /// Chooses the entry `device` runs from the `entries` of one module, and judges every entry.
 pub fn select(device: &TargetId, entries: &[EntryId]) -> Selection {
-    let fits: Vec<Result<Fit, Rejection>> =
-        entries.iter().map(|entry| assess(device, entry)).collect();
-    let best = entries
-        .iter()
-        .zip(&fits)
-        .enumerate()
-        .filter_map(|(index, (entry, fit))| {
-            let fit = fit.as_ref().ok()?;
-            Some((rank(fit.matched, entry), index, entry, fit.matched))
-        })
-        .min_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)))
-        .map(|(_, index, entry, matched)| (index, entry, matched));
-
+    let best = choose(device, entries);
     let verdicts = entries
         .iter()
-        .zip(fits)
         .enumerate()
-        .map(|(index, (entry, fit))| {
-            let (outcome, reason) = match (fit, best) {
+        .map(|(index, entry)| {
+            let (outcome, reason) = match (assess(device, entry), best) {
                 (Err(rejection), _) => (Outcome::Rejected { rejection }, rejection.to_string()),
-                (Ok(fit), Some((best_index, by, by_matched))) if best_index != index => (
-                    Outcome::Outranked {
-                        matched: fit.matched,
-                        by: *by,
-                    },
-                    outranked(entry, &fit, by, by_matched),
-                ),
+                (Ok(matched), Some((best_index, by_matched))) if best_index != index => {
+                    let by = &entries[best_index];
+                    (
+                        Outcome::Outranked { matched, by: *by },
+                        outranked(device, entry, matched, by, by_matched),
+                    )
+                }
                 // The best entry itself (there is always one when any entry fits).
-                (Ok(fit), _) => (
-                    Outcome::Chosen {
-                        matched: fit.matched,
-                    },
-                    fit.how,
-                ),
+                (Ok(matched), _) => (Outcome::Chosen { matched }, how(device, entry, matched)),
             };
             Verdict {
                 entry: *entry,
@@ -302,18 +302,13 @@ pub fn select(device: &TargetId, entries: &[EntryId]) -> Selection {
 
     Selection {
         device: *device,
-        chosen: best.map(|(index, ..)| index),
+        chosen: best.map(|(index, _)| index),
         verdicts,
     }
 }
 
-/// How a usable entry matches, and that in words.
-struct Fit {
-    matched: Match,
-    how: String,
-}
-
-fn assess(device: &TargetId, entry: &EntryId) -> Result<Fit, Rejection> {
+/// Whether `entry` can run on `device`, and how it matches.
+fn assess(device: &TargetId, entry: &EntryId) -> Result<Match, Rejection> {
     match (device, entry) {
         (TargetId::Amd(device), EntryId::AmdCodeObject(entry)) => assess_amd(device, entry),
         (TargetId::Nvidia(device), EntryId::Cubin(entry)) => assess_cubin(*device, *entry),
@@ -325,7 +320,7 @@ fn assess(device: &TargetId, entry: &EntryId) -> Result<Fit, Rejection> {
     }
 }
 
-fn assess_amd(device: &AmdTarget, entry: &AmdTarget) -> Result<Fit, Rejection> {
+fn assess_amd(device: &AmdTarget, entry: &AmdTarget) -> Result<Match, Rejection> {
     let (processor, native) = (entry.processor(), device.processor());
     let generic = processor != native;
     if generic && !processor.is_generic() {
@@ -351,73 +346,73 @@ fn assess_amd(device: &AmdTarget, entry: &AmdTarget) -> Result<Fit, Rejection> {
             });
         }
     }
-    let left_any: Vec<&str> = entry.any_features().map(FeatureName::name).collect();
     Ok(if generic {
-        Fit {
-            matched: Match::Generic,
-            how: format!("through the generic target {processor}, which covers {native}"),
-        }
-    } else if left_any.is_empty() {
-        Fit {
-            matched: Match::Exact,
-            how: "exact match".to_owned(),
-        }
+        Match::Generic
+    } else if entry.any_features().next().is_none() {
+        Match::Exact
     } else {
-        Fit {
-            matched: Match::FeatureAgnostic,
-            how: format!("feature-agnostic: {} left as Any", left_any.join(" and ")),
-        }
+        Match::FeatureAgnostic
     })
 }
 
-fn assess_cubin(device: SmArch, entry: SmArch) -> Result<Fit, Rejection> {
+fn assess_cubin(device: SmArch, entry: SmArch) -> Result<Match, Rejection> {
     if entry.major() != device.major() {
         return Err(Rejection::CubinOtherMajor { entry, device });
     }
     if entry.minor() > device.minor() {
         return Err(Rejection::CubinNewerMinor { entry, device });
     }
-    let how = if entry == device {
-        "cubin for this exact architecture".to_owned()
-    } else {
-        format!("cubin for {entry}, which runs on the newer {device} of the same major version")
-    };
-    Ok(Fit {
-        matched: Match::Cubin,
-        how,
-    })
+    Ok(Match::Cubin)
 }
 
-fn assess_ptx(device: SmArch, entry: SmArch) -> Result<Fit, Rejection> {
+fn assess_ptx(device: SmArch, entry: SmArch) -> Result<Match, Rejection> {
     if entry > device {
         return Err(Rejection::PtxNewerThanDevice { entry, device });
     }
-    Ok(Fit {
-        matched: Match::PtxJit,
-        how: format!(
+    Ok(Match::PtxJit)
+}
+
+/// How a usable entry, which matched as `matched`, runs on `device`, in words.
+fn how(device: &TargetId, entry: &EntryId, matched: Match) -> String {
+    match entry {
+        EntryId::AmdCodeObject(target) => match matched {
+            Match::Generic => {
+                let native = match device {
+                    TargetId::Amd(device) => device.processor().to_string(),
+                    TargetId::Nvidia(_) => device.to_string(),
+                };
+                format!(
+                    "through the generic target {}, which covers {native}",
+                    target.processor()
+                )
+            }
+            Match::Exact => "exact match".to_owned(),
+            _ => {
+                let left_any: Vec<&str> = target.any_features().map(FeatureName::name).collect();
+                format!("feature-agnostic: {} left as Any", left_any.join(" and "))
+            }
+        },
+        EntryId::Cubin(_) if entry.target() == *device => {
+            "cubin for this exact architecture".to_owned()
+        }
+        EntryId::Cubin(arch) => {
+            format!("cubin for {arch}, which runs on the newer {device} of the same major version")
+        }
+        EntryId::Ptx(arch) => format!(
             "PTX for {}, compiled for {device} by the driver's JIT",
-            compute_name(entry)
+            compute_name(*arch)
         ),
-    })
+    }
 }
 
 /// Orders usable entries best first: by how they match, then the more specific first (more
-/// features named, the cubin closest to the device, the newest PTX), then by canonical ID, so
-/// that ties never fall to the order of the entries.
-fn rank(
-    matched: Match,
-    entry: &EntryId,
-) -> (Match, Reverse<usize>, Reverse<Option<SmArch>>, String) {
+/// features named, the cubin closest to the device, the newest PTX).
+fn rank(matched: Match, entry: &EntryId) -> (Match, Reverse<usize>, Reverse<Option<SmArch>>) {
     let arch = match entry {
         EntryId::AmdCodeObject(_) => None,
         EntryId::Cubin(arch) | EntryId::Ptx(arch) => Some(*arch),
     };
-    (
-        matched,
-        Reverse(named_features(entry)),
-        Reverse(arch),
-        entry.to_string(),
-    )
+    (matched, Reverse(named_features(entry)), Reverse(arch))
 }
 
 fn named_features(entry: &EntryId) -> usize {
@@ -427,13 +422,19 @@ fn named_features(entry: &EntryId) -> usize {
     }
 }
 
-/// Why a usable entry lost to the chosen entry `by`.
-fn outranked(entry: &EntryId, fit: &Fit, by: &EntryId, by_matched: Match) -> String {
-    let how = &fit.how;
+/// Why a usable entry, which matched as `matched`, lost to the chosen entry `by`.
+fn outranked(
+    device: &TargetId,
+    entry: &EntryId,
+    matched: Match,
+    by: &EntryId,
+    by_matched: Match,
+) -> String {
     if entry == by {
         return "usable, but the same entry appears earlier".to_owned();
     }
-    match (fit.matched, by_matched) {
+    let how = how(device, entry, matched);
+    match (matched, by_matched) {
         (Match::Generic, Match::Exact | Match::FeatureAgnostic) => {
             "usable via the generic target, but a native entry matched".to_owned()
         }

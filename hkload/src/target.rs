@@ -418,7 +418,7 @@ impl fmt::Display for SmArch {
 
 impl Serialize for SmArch {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        crate::text::serialize(self, serializer)
     }
 }
 
@@ -561,14 +561,13 @@ impl fmt::Display for TargetId {
 
 impl Serialize for TargetId {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        crate::text::serialize(self, serializer)
     }
 }
 
 impl<'de> Deserialize<'de> for TargetId {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
+        crate::text::deserialize(deserializer)
     }
 }
 
@@ -578,8 +577,8 @@ const AMD_TRIPLE: &str = "amdgcn-amd-amdhsa--";
 const NVIDIA_TRIPLE: &str = "nvptx64-nvidia-cuda-";
 
 /// The ID of one code image in a clang offload bundle: the kind of image and the target it is
-/// built for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// built for. They order by kind, then by target: a stable order for sorting, not a ranking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum EntryId {
     /// An AMDGPU code object (ELF): `hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-`.
     AmdCodeObject(AmdTarget),
@@ -672,14 +671,13 @@ impl fmt::Display for EntryId {
 
 impl Serialize for EntryId {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        crate::text::serialize(self, serializer)
     }
 }
 
 impl<'de> Deserialize<'de> for EntryId {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
+        crate::text::deserialize(deserializer)
     }
 }
 

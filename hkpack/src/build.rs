@@ -33,7 +33,8 @@ pub struct BuildOptions {
     /// Where bundle folders go (`dist/`).
     pub out_dir: PathBuf,
     pub cache_dir: PathBuf,
-    /// Write CCOB-compressed module files (the default) or plain bundles.
+    /// Write CCOB-compressed module files instead of plain bundles (the default, fastest to
+    /// load: hkload maps a plain file and hands the driver the image in place).
     pub compress: bool,
     pub tools: ToolPaths,
     /// Show progress bars (still hidden when stdout is not a terminal).

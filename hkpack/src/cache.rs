@@ -62,7 +62,7 @@ impl Identity {
             hasher.update((part.len() as u64).to_le_bytes());
             hasher.update(part);
         }
-        Self(hkload::bundle::hex(&hasher.finalize()))
+        Self(hkload::manifest::hex(&hasher.finalize()))
     }
 }
 
@@ -150,7 +150,7 @@ impl Cache {
         let path = self
             .dir
             .join("derived")
-            .join(hkload::bundle::hex(&hasher.finalize()));
+            .join(hkload::manifest::hex(&hasher.finalize()));
         if let Ok(bytes) = std::fs::read(&path) {
             return Ok(bytes);
         }
@@ -173,7 +173,7 @@ impl Cache {
             hasher.update([0]);
             hasher.update(hash);
         }
-        Some(hkload::bundle::hex(&hasher.finalize()))
+        Some(hkload::manifest::hex(&hasher.finalize()))
     }
 
     fn file_hash(&self, path: &Path) -> Option<String> {
@@ -182,7 +182,7 @@ impl Cache {
             .or_insert_with(|| {
                 std::fs::read(path)
                     .ok()
-                    .map(|bytes| hkload::bundle::hex(&Sha256::digest(bytes)))
+                    .map(|bytes| hkload::manifest::hex(&Sha256::digest(bytes)))
             })
             .clone()
     }

@@ -1,18 +1,19 @@
-//! Writing a bundle folder: one clang offload bundle per module (CCOB-compressed by default),
-//! plus `bundle.toml`, assembled in a staging folder beside the destination and moved into
-//! place whole, so `dist/` never holds a half-written bundle.
+//! Writing a bundle folder: one clang offload bundle per module (plain by default, or
+//! CCOB-compressed), one ABI file per module, `bundle.toml`, and the index that holds the same
+//! records for hkload to read fast (`bundle.msgpack`), assembled in a staging folder beside the
+//! destination and moved into place whole, so `dist/` never holds a half-written bundle.
 
 use std::path::{Path, PathBuf};
 
-use hkload::bundle::hex;
 use hkload::code_object::KernelFacts;
+use hkload::index::{INDEX_FILE, Index};
 use hkload::manifest::{
     ABI_EXTENSION, BundleManifest, EntryRecord, FORMAT_VERSION, KernelAbi, KernelRecord,
-    MANIFEST_FILE, ModuleAbi, ModuleRecord, Package as PackageRecord, Toolchain as ToolchainRecord,
+    MANIFEST_FILE, ModuleAbi, ModuleRecord, Package as PackageRecord, Sha256Digest,
+    Toolchain as ToolchainRecord,
 };
 use hkload::offload;
 use hkload::target::{EntryId, TargetId};
-use sha2::{Digest, Sha256};
 
 use crate::cache::{Cache, CacheError};
 use crate::manifest::{Module, Package};
@@ -91,13 +92,16 @@ pub fn write(
         modules: Vec::new(),
     };
     let mut files = Vec::new();
+    let mut abis = Vec::new();
     for (module, code) in &contents.modules {
         let (record, bytes, abi) = module_files(module, code, contents.compress, cache)?;
         files.push((record.file.clone(), bytes));
-        files.push((record.abi_file.clone(), abi));
+        files.push((record.abi_file.clone(), abi.to_toml().into_bytes()));
         manifest.modules.push(record);
+        abis.push(abi);
     }
     files.push((MANIFEST_FILE.to_owned(), manifest.to_toml().into_bytes()));
+    files.push((INDEX_FILE.to_owned(), Index::encode(&manifest, &abis)));
 
     let total = files.iter().map(|(_, b)| b.len() as u64).sum();
     for (name, bytes) in &files {
@@ -113,13 +117,13 @@ pub fn write(
     Ok((dest, total))
 }
 
-/// A module's record for the manifest, its bundle file and its ABI file.
+/// A module's record for the manifest, its bundle file and its ABI.
 fn module_files(
     module: &Module,
     code: &[TargetCode],
     compress: bool,
     cache: &Cache,
-) -> Result<(ModuleRecord, Vec<u8>, Vec<u8>), PackageError> {
+) -> Result<(ModuleRecord, Vec<u8>, ModuleAbi), PackageError> {
     let images: Vec<(String, &[u8])> = bundle_order(code)
         .map(|(id, bytes)| (id.to_string(), bytes.as_slice()))
         .collect();
@@ -138,25 +142,24 @@ fn module_files(
     };
     let abi = ModuleAbi {
         kernels: kernel_records(module, code),
-    }
-    .to_toml()
-    .into_bytes();
+    };
+    let abi_toml = abi.to_toml();
     let entries = bundle_order(code)
         .map(|(id, image)| EntryRecord {
             id: *id,
             size: image.len() as u64,
-            sha256: hex(&Sha256::digest(image)),
+            sha256: Sha256Digest::of(image),
         })
         .collect();
     let record = ModuleRecord {
         name: module.name.clone(),
         file: format!("{}.{MODULE_EXTENSION}", module.name),
         size: bytes.len() as u64,
-        sha256: hex(&Sha256::digest(&bytes)),
+        sha256: Sha256Digest::of(&bytes),
         compressed: compress,
         kernels: module.kernels.iter().map(|k| k.symbol.clone()).collect(),
         abi_file: format!("{}.{ABI_EXTENSION}", module.name),
-        abi_sha256: hex(&Sha256::digest(&abi)),
+        abi_sha256: Sha256Digest::of(abi_toml.as_bytes()),
         entries,
     };
     Ok((record, bytes, abi))

@@ -10,7 +10,8 @@ use std::process::Command;
 
 use common::*;
 use hkload::Bundle;
-use hkload::manifest::{BundleManifest, MANIFEST_FILE};
+use hkload::index::{INDEX_FILE, Index};
+use hkload::manifest::{BundleManifest, MANIFEST_FILE, ModuleAbi};
 use hkload::target::EntryId;
 use hkpack::toolchain::ToolPaths;
 use sha2::{Digest, Sha256};
@@ -61,6 +62,25 @@ fn every_module_has_every_default_target() {
 }
 
 #[test]
+fn the_index_holds_exactly_the_records_of_the_toml_files() {
+    let (compressed, plain) = repo_bundles();
+    for bundle in [compressed, plain] {
+        let toml = manifest(bundle);
+        let index = Index::decode(&std::fs::read(bundle.join(INDEX_FILE)).unwrap(), true).unwrap();
+        assert_eq!(index.manifest, toml);
+        for (i, module) in toml.modules.iter().enumerate() {
+            let text = std::fs::read_to_string(bundle.join(&module.abi_file)).unwrap();
+            assert_eq!(
+                index.module_abi(i).unwrap(),
+                ModuleAbi::from_toml(&text, module).unwrap(),
+                "module {}",
+                module.name
+            );
+        }
+    }
+}
+
+#[test]
 fn llvm_tools_agree_with_our_bundles() {
     let bundler = llvm_tool("clang-offload-bundler");
     let readelf = llvm_tool("llvm-readelf");
@@ -103,7 +123,10 @@ fn llvm_tools_agree_with_our_bundles() {
                     .unwrap();
                 assert!(status.success());
                 let bytes = std::fs::read(&out).unwrap();
-                assert_eq!(hkload::bundle::hex(&Sha256::digest(&bytes)), entry.sha256);
+                assert_eq!(
+                    hkload::manifest::hex(&Sha256::digest(&bytes)),
+                    entry.sha256.to_string()
+                );
                 let notes = Command::new(&readelf)
                     .arg("--notes")
                     .arg(&out)
@@ -128,7 +151,9 @@ fn a_rebuild_compiles_nothing_and_changes_no_byte() {
     let (compressed, _) = repo_bundles();
     let before = snapshot(compressed);
     let out = compressed.parent().unwrap();
-    let report = build_ok(&options(&repo().join("manifests"), out, &shared_cache()));
+    let mut options = options(&repo().join("manifests"), out, &shared_cache());
+    options.compress = true;
+    let report = build_ok(&options);
     assert_eq!(report.compiled, 0, "{report}");
     assert_eq!(report.cached, report.jobs);
     assert_eq!(snapshot(compressed), before);
@@ -196,7 +221,7 @@ fn builds_from_scratch_in_two_places_are_byte_identical() {
 fn digests(dir: &Path) -> Vec<(String, String)> {
     snapshot(dir)
         .into_iter()
-        .map(|(name, bytes)| (name, hkload::bundle::hex(&Sha256::digest(bytes))))
+        .map(|(name, bytes)| (name, hkload::manifest::hex(&Sha256::digest(bytes))))
         .collect()
 }
 

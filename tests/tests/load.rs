@@ -8,6 +8,8 @@ use std::sync::Arc;
 use common::*;
 use hkload::abi::{ParamType, ScalarType, ScalarValue};
 use hkload::driver::{ImageKind, LaunchDims, Recorded, RecordingDriver, StreamHandle};
+use hkload::index::Index;
+use hkload::manifest::ModuleAbi;
 use hkload::target::TargetId;
 use hkload::{Arg, Bundle, Device, Error, LaunchError, OpenOptions};
 
@@ -369,75 +371,104 @@ fn small_bundle(compress: bool) -> (TempPackage, std::path::PathBuf) {
     (package, report.bundle)
 }
 
+/// Leaks `bytes` for `Bundle::from_bytes`, which takes `'static` files (tests only).
+fn leak(bytes: Vec<u8>) -> &'static [u8] {
+    Box::leak(bytes.into_boxed_slice())
+}
+
+const UNVERIFIED: OpenOptions = OpenOptions {
+    verify_hashes: false,
+};
+
+/// Opens the embedded bundle made of `files` and loads every kernel on a device of each kind
+/// whose entry the small bundle has (gfx942, the sm_90 cubin, and through sm_100 its PTX), so
+/// that every code image is extracted, checked and loaded. Returns the images the driver got.
+fn load_everywhere(
+    files: &[(&str, &'static [u8])],
+    options: OpenOptions,
+) -> Result<Vec<Vec<u8>>, Error> {
+    let bundle = Bundle::from_bytes(files, options)?;
+    let mut images = Vec::new();
+    for device in ["gfx942:sramecc+:xnack-", "sm_90", "sm_100"] {
+        let (driver, device) = simulated(device);
+        let loaded = bundle.load(&device)?;
+        loaded.preload()?;
+        loaded.kernel("scale")?;
+        images.extend(driver.log().into_iter().filter_map(|event| match event {
+            Recorded::Load { image, .. } => Some(image),
+            _ => None,
+        }));
+    }
+    Ok(images)
+}
+
 #[test]
 fn every_damaged_byte_and_every_truncation_is_an_error() {
     for compress in [true, false] {
         let (_package, dir) = small_bundle(compress);
-        let manifest = std::fs::read_to_string(dir.join("bundle.toml")).unwrap();
-        let module = std::fs::read(dir.join("scale.hipfb")).unwrap();
-        let abi = std::fs::read(dir.join("scale.abi.toml")).unwrap();
-        let leak = |bytes: Vec<u8>| -> &'static [u8] { Box::leak(bytes.into_boxed_slice()) };
-        let (module_ok, abi_ok) = (leak(module.clone()), leak(abi.clone()));
-        let load_both = |module: &'static [u8], abi: &'static [u8], options| -> Result<(), Error> {
-            let files = [("scale.hipfb", module), ("scale.abi.toml", abi)];
-            let bundle = Bundle::from_bytes(&manifest, &files, options)?;
-            for device in ["gfx942:sramecc+:xnack-", "sm_90"] {
-                let (_driver, device) = simulated(device);
-                let loaded = bundle.load(&device)?;
-                loaded.preload()?;
-                loaded.kernel("scale")?;
-            }
-            Ok(())
+        let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+        let (index, module) = (read("bundle.msgpack"), read("scale.hipfb"));
+        let (index_ok, module_ok) = (leak(index.clone()), leak(module.clone()));
+        let try_load = |index, module, options| {
+            load_everywhere(
+                &[("bundle.msgpack", index), ("scale.hipfb", module)],
+                options,
+            )
         };
-        let try_load = |module, options| load_both(module, abi_ok, options);
-        try_load(module_ok, OpenOptions::default()).unwrap();
+        let images = try_load(index_ok, module_ok, OpenOptions::default()).unwrap();
+        assert_eq!(images.len(), 3);
 
-        // The ABI file: any change is caught by its hash, and never panics without one.
-        for at in 0..abi.len() {
-            let mut damaged = abi.clone();
+        // The index: any change is caught by its own hash, and never panics without it.
+        for at in 0..index.len() {
+            let mut damaged = index.clone();
             damaged[at] ^= 0x5a;
             let damaged = leak(damaged);
             assert!(
-                load_both(module_ok, damaged, OpenOptions::default()).is_err(),
-                "a change at byte {at} of the ABI file went unnoticed"
+                try_load(damaged, module_ok, OpenOptions::default()).is_err(),
+                "a change at byte {at} of the index went unnoticed"
             );
-            let unverified = OpenOptions {
-                verify_hashes: false,
-            };
-            let _ = load_both(module_ok, damaged, unverified);
+            let _ = try_load(damaged, module_ok, UNVERIFIED);
+        }
+        for len in 0..index.len() {
+            let truncated = leak(index[..len].to_vec());
+            assert!(try_load(truncated, module_ok, UNVERIFIED).is_err());
         }
 
+        // The module file. Compressed, every byte is part of a stream whose whole is checked
+        // (against its MD5) when the last image is read: any change is an error. Plain, a
+        // change in the header or in a code image (hashed) is an error; the zero padding
+        // between images is not read at all, and a change there leaves every image the driver
+        // gets intact.
         let step = if compress { 1 } else { 7 };
+        let mut padding = 0;
         for at in (0..module.len()).step_by(step) {
             let mut damaged = module.clone();
             damaged[at] ^= 0x5a;
             let damaged = leak(damaged);
-            assert!(
-                try_load(damaged, OpenOptions::default()).is_err(),
-                "a change at byte {at} went unnoticed (compressed: {compress})"
-            );
+            match try_load(index_ok, damaged, OpenOptions::default()) {
+                Err(_) => {}
+                Ok(loaded) => {
+                    assert!(
+                        !compress && module[at] == 0,
+                        "a change at byte {at} went unnoticed (compressed: {compress})"
+                    );
+                    assert_eq!(loaded, images, "a change at byte {at} reached the driver");
+                    padding += 1;
+                }
+            }
             // Without hash checks a change may go unnoticed, but must never panic.
-            let _ = try_load(
-                damaged,
-                OpenOptions {
-                    verify_hashes: false,
-                },
-            );
+            let _ = try_load(index_ok, damaged, UNVERIFIED);
         }
+        // The plain file is mostly padding (code images start on 4096-byte boundaries).
+        assert_eq!(padding > 0, !compress);
         for len in 0..module.len() {
             let truncated = leak(module[..len].to_vec());
             assert!(
-                try_load(truncated, OpenOptions::default()).is_err(),
+                try_load(index_ok, truncated, OpenOptions::default()).is_err(),
                 "truncated to {len}"
             );
             assert!(
-                try_load(
-                    truncated,
-                    OpenOptions {
-                        verify_hashes: false
-                    }
-                )
-                .is_err(),
+                try_load(index_ok, truncated, UNVERIFIED).is_err(),
                 "truncated to {len}, unverified"
             );
         }
@@ -445,28 +476,81 @@ fn every_damaged_byte_and_every_truncation_is_an_error() {
 }
 
 #[test]
-fn a_newer_format_and_a_broken_manifest_are_clear_errors() {
+fn a_bundle_without_its_index_reads_its_toml_files_and_checks_them() {
+    let (_package, dir) = small_bundle(false);
+    let read = |name: &str| leak(std::fs::read(dir.join(name)).unwrap());
+    let (manifest, module, abi) = (
+        read("bundle.toml"),
+        read("scale.hipfb"),
+        read("scale.abi.toml"),
+    );
+    let try_load = |abi, options| {
+        load_everywhere(
+            &[
+                ("bundle.toml", manifest),
+                ("scale.hipfb", module),
+                ("scale.abi.toml", abi),
+            ],
+            options,
+        )
+    };
+    try_load(abi, OpenOptions::default()).unwrap();
+
+    // The same records either way.
+    let from_index = Bundle::open(&dir).unwrap();
+    let from_toml = Bundle::from_bytes(
+        &[("bundle.toml", manifest), ("scale.abi.toml", abi)],
+        OpenOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(from_index.manifest(), from_toml.manifest());
+    assert_eq!(
+        from_index.kernel_records().unwrap(),
+        from_toml.kernel_records().unwrap()
+    );
+
+    // The ABI file: any change is caught by its hash, and never panics without one.
+    for at in 0..abi.len() {
+        let mut damaged = abi.to_vec();
+        damaged[at] ^= 0x5a;
+        let damaged = leak(damaged);
+        assert!(
+            try_load(damaged, OpenOptions::default()).is_err(),
+            "a change at byte {at} of the ABI file went unnoticed"
+        );
+        let _ = try_load(damaged, UNVERIFIED);
+    }
+}
+
+#[test]
+fn a_newer_format_and_a_missing_file_are_clear_errors() {
     let (_package, dir) = small_bundle(true);
-    let manifest = std::fs::read_to_string(dir.join("bundle.toml")).unwrap();
-    let module: &'static [u8] = Box::leak(
-        std::fs::read(dir.join("scale.hipfb"))
-            .unwrap()
-            .into_boxed_slice(),
-    );
-    let newer = manifest.replace("format_version = \"1.0\"", "format_version = \"2.0\"");
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    let newer_major = "bundle format 2.0 is newer than this hkload reads (1.1)";
+
+    let manifest = String::from_utf8(read("bundle.toml")).unwrap();
+    let newer = manifest.replace("format_version = \"1.1\"", "format_version = \"2.0\"");
+    assert_ne!(newer, manifest);
     let error =
-        Bundle::from_bytes(&newer, &[("scale.hipfb", module)], OpenOptions::default()).unwrap_err();
+        Bundle::from_bytes(&[("bundle.toml", leak(newer.into_bytes()))], UNVERIFIED).unwrap_err();
+    assert!(error.to_string().contains(newer_major), "{error}");
+
+    let index = Index::decode(&read("bundle.msgpack"), true).unwrap();
+    let abis: Vec<ModuleAbi> = (0..index.manifest.modules.len())
+        .map(|i| index.module_abi(i).unwrap())
+        .collect();
+    let mut manifest = index.manifest.clone();
+    manifest.format_version = "2.0".parse().unwrap();
+    let newer = leak(Index::encode(&manifest, &abis));
+    let error =
+        Bundle::from_bytes(&[("bundle.msgpack", newer)], OpenOptions::default()).unwrap_err();
+    assert!(error.to_string().contains(newer_major), "{error}");
+
+    let error = Bundle::from_bytes(&[], OpenOptions::default()).unwrap_err();
     assert!(
         error
             .to_string()
-            .contains("bundle format 2.0 is newer than this hkload reads (1.0)"),
-        "{error}"
-    );
-    let error = Bundle::from_bytes(&manifest, &[], OpenOptions::default()).unwrap_err();
-    assert!(
-        error
-            .to_string()
-            .contains("was not among the embedded files"),
+            .contains("neither bundle.msgpack nor bundle.toml is there"),
         "{error}"
     );
     let error = Bundle::open(dir.join("missing")).unwrap_err();
@@ -474,6 +558,21 @@ fn a_newer_format_and_a_broken_manifest_are_clear_errors() {
         error
             .to_string()
             .contains("a bundle folder made by `hkpack build`?"),
+        "{error}"
+    );
+
+    // Module files are opened on first use: a missing one is reported then.
+    let bundle = Bundle::from_bytes(
+        &[("bundle.msgpack", leak(read("bundle.msgpack")))],
+        UNVERIFIED,
+    )
+    .unwrap();
+    let (_driver, device) = simulated("sm_90");
+    let error = bundle.load(&device).unwrap().preload().unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("`scale.hipfb` was not among the embedded files"),
         "{error}"
     );
 }

@@ -33,6 +33,7 @@ use std::time::Instant;
 use hk_tests::kernels::all_cases;
 use hkload::driver::cuda::sys;
 use hkload::driver::{CudaDriver, Driver, ImageKind, LaunchDims, StreamHandle};
+use hkload::index::INDEX_FILE;
 use hkload::offload::{self, OffloadBundle};
 use hkload::target::EntryId;
 use hkload::{Arg, Bundle, Device, OpenOptions};
@@ -226,8 +227,8 @@ struct Images {
     /// The module's best PTX for the device (its entry and NUL-terminated text), unless that
     /// is what hkload chooses anyway.
     ptx: Option<(EntryId, Vec<u8>)>,
-    /// What verification hashes on the way to the first launch: the module file and its ABI
-    /// file (the file's hash covers every code image in it).
+    /// What verification hashes on the way to the first launch: the chosen code image and the
+    /// index.
     hashed_bytes: u64,
 }
 
@@ -264,9 +265,7 @@ impl Images {
             .chosen()
             .map(|(id, _)| *id)
             .filter(|id| *id != chosen_id);
-        let abi_size = std::fs::metadata(dir.join(&module.abi_file))
-            .map_err(text)?
-            .len();
+        let index_size = std::fs::metadata(dir.join(INDEX_FILE)).map_err(text)?.len();
         Ok(Self {
             module: module.name.clone(),
             chosen: image(&chosen_id)?,
@@ -274,7 +273,12 @@ impl Images {
                 .map(|id| image(&id).map(|bytes| (id, bytes)))
                 .transpose()?,
             chosen_id,
-            hashed_bytes: module.size + abi_size,
+            hashed_bytes: module
+                .entries
+                .iter()
+                .find(|entry| entry.id == chosen_id)
+                .map_or(0, |entry| entry.size)
+                + index_size,
         })
     }
 
@@ -485,9 +489,9 @@ struct ColdStart {
 }
 
 const HKLOAD_PHASES: [&str; 4] = [
-    "open (manifest, file maps)",
+    "open (index)",
     "choose code objects",
-    "load module (extract, verify, load)",
+    "load module (map, extract, verify, load)",
     "first launch + synchronise",
 ];
 const RAW_PHASES: [&str; 2] = ["load module", "first launch + synchronise"];
@@ -754,15 +758,20 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
         "      raw:                {}",
         split(&RAW_PHASES, &cold.phases[2])
     );
-    let ratio = cold.verify_on.median / cold.raw.median;
-    println!(
-        "    target (a): hkload (verify on) <= {COLD_TARGET:.2}x raw {}: {ratio:.2}x, {}",
-        images.chosen_kind(),
-        verdict(ratio <= COLD_TARGET)
-    );
+    for (name, stats) in [
+        ("verify off", cold.verify_off),
+        ("verify on", cold.verify_on),
+    ] {
+        let ratio = stats.median / cold.raw.median;
+        println!(
+            "    target (a): hkload ({name}) <= {COLD_TARGET:.2}x raw {}: {ratio:.2}x, {}",
+            images.chosen_kind(),
+            verdict(ratio <= COLD_TARGET)
+        );
+    }
     println!(
         "(c) hash verification: {} per open + first kernel ({:.2}x verify off), hashing {} \
-         bytes (module file and ABI file)",
+         bytes (the code image and the index)",
         seconds(cold.verify_on.median - cold.verify_off.median),
         cold.verify_on.median / cold.verify_off.median,
         images.hashed_bytes

@@ -30,7 +30,7 @@ pub fn options(manifests: &Path, out: &Path, cache: &Path) -> BuildOptions {
         jobs: 2,
         out_dir: out.to_owned(),
         cache_dir: cache.to_owned(),
-        compress: true,
+        compress: false,
         tools: ToolPaths::default(),
         progress: false,
     }
@@ -44,10 +44,10 @@ pub fn repo_bundles() -> &'static (PathBuf, PathBuf) {
         let out =
             Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bundles-{}", std::process::id()));
         let manifests = repo().join("manifests");
-        let compressed = build_ok(&options(&manifests, &out.join("ccob"), &shared_cache()));
-        let mut plain_options = options(&manifests, &out.join("plain"), &shared_cache());
-        plain_options.compress = false;
-        let plain = build_ok(&plain_options);
+        let mut compressed_options = options(&manifests, &out.join("ccob"), &shared_cache());
+        compressed_options.compress = true;
+        let compressed = build_ok(&compressed_options);
+        let plain = build_ok(&options(&manifests, &out.join("plain"), &shared_cache()));
         (compressed.bundle, plain.bundle)
     })
 }
