@@ -450,9 +450,9 @@ fn read_rest(
 }
 
 /// The code object `id` of a bundle, plain or compressed. From a plain bundle, the header is
-/// read and checked and the entry borrowed; the other entries are not looked at. A compressed one is decompressed only as far as the
-/// entry's end (bundles put native code first and PTX last, so a device rarely pays for the
-/// PTX); its header fields are checked as [`decompress`] does, and when the entry is the last
+/// read and checked and the entry borrowed; the other entries are not looked at. A compressed
+/// one is decompressed only as far as the entry's end (bundles put native code first and PTX
+/// last, so a device rarely pays for the PTX); its header fields are checked as [`decompress`] does, and when the entry is the last
 /// one the whole is too (size and MD5 prefix), but the layout beyond the entry is not seen:
 /// callers that must trust the entry check its hash.
 pub fn extract_entry<'a>(bytes: &'a [u8], id: &str) -> Result<Cow<'a, [u8]>, FormatError> {
