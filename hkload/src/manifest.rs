@@ -164,10 +164,6 @@ impl ModuleAbi {
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("an ABI file always serialises: every key is a string")
     }
-
-    pub fn kernel(&self, symbol: &str) -> Option<&KernelRecord> {
-        self.kernels.iter().find(|k| k.symbol == symbol)
-    }
 }
 
 /// One kernel: its declared signature and, per build target, the ABI of its code.
