@@ -30,7 +30,7 @@ constexpr unsigned kMinBlocks = 3;
 #else
 constexpr unsigned kMinBlocks = 4;
 #endif
-// The residual add needs more (see rmsnorm.hip): 3 blocks (80 registers) everywhere.
+// The residual-add kernels need more registers (see rmsnorm.hip): 3 blocks everywhere.
 constexpr unsigned kFusedMinBlocks = 3;
 
 // The count, mean and sum of squared deviations from the mean (M2) of some values.

@@ -24,8 +24,8 @@ constexpr unsigned kBlock = 256;
 // without spills on sm_90. Under looser caps ptxas takes 80 to 128 registers and only 2 or 3
 // blocks fit, too few loads in flight for a memory-bound kernel.
 constexpr unsigned kMinBlocks = 4;
-// The residual add has every x and residual load of a lane in flight before the first sum,
-// twice the registers of a plain row, which spills under 64; 3 blocks (80 registers) fit it.
+// The residual-add kernels load two inputs for every pack of the lane before the first is
+// used, which spills under 64 registers on sm_90; 3 blocks (80 registers) hold it.
 constexpr unsigned kFusedMinBlocks = 3;
 
 // Writes out = v * scale * weight for the pack of values v at column i.
