@@ -82,12 +82,12 @@ HK_DEVICE void softmax(T* __restrict__ out, const T* __restrict__ x, unsigned ro
       // The row is in registers: its maximum first (no exp), then the sum of exps, at one team
       // reduction each; no rescaling at all.
       float lane_max = kNegInf;
-      walk.first_pass([&](unsigned i, auto n) {
-        const auto v = hk::load(xr + i, n);
+      walk.first_pass([&](unsigned i, auto n) { return hk::load(xr + i, n); },
+                      [&](unsigned, auto n, const auto& v) {
 #pragma unroll
-        for (unsigned e = 0; e < n; ++e) lane_max = hk::max(lane_max, hk::to_float(v.elem[e]));
-        return v;
-      });
+                        for (unsigned e = 0; e < n; ++e) lane_max = hk::max(lane_max, hk::to_float(v.elem[e]));
+                        return v;
+                      });
       const float shift = walk.max(lane_max) * hk::kLog2e;
       float lane_sum = 0.0f;
       walk.pass(xr, [&](unsigned, auto n, const auto& v) {
@@ -100,11 +100,11 @@ HK_DEVICE void softmax(T* __restrict__ out, const T* __restrict__ x, unsigned ro
       // The row is read from memory again for the output: one pass gets both the maximum and
       // the sum, rescaling the sum whenever the maximum grows.
       ExpSum partial = MergeExpSums::identity();
-      walk.first_pass([&](unsigned i, auto n) {
-        const auto v = hk::load(xr + i, n);
-        partial = add(partial, v);
-        return v;
-      });
+      walk.first_pass([&](unsigned i, auto n) { return hk::load(xr + i, n); },
+                      [&](unsigned, auto, const auto& v) {
+                        partial = add(partial, v);
+                        return v;
+                      });
       const ExpSum row = walk.reduce(partial, MergeExpSums{});
       const float inv_sum = 1.0f / row.sum;
       const float shift = row.max * hk::kLog2e;

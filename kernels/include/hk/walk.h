@@ -101,32 +101,38 @@ template <typename T, typename TeamT, unsigned kTile = 4> class RowWalk {
   HK_DEVICE float sum(float v) { return team_.reduce(v, Sum{}); }
   HK_DEVICE float max(float v) { return team_.reduce(v, Max{}); }
 
-  // The first pass over a row. `produce(i, n)` makes the pack of n elements at column i (loads
-  // them, and whatever else the kernel does on first sight, such as accumulating a sum) and
-  // returns the values later passes will see there.
-  template <typename Produce> HK_DEVICE void first_pass(Produce produce) {
+  // The first pass over a row, in two steps for each lane: `load(i, n)` reads the pack of n
+  // elements at column i (memory reads, and arithmetic on them alone) for every pack the lane
+  // holds, so that all of its loads are in flight together; then `see(i, n, loaded)` takes the
+  // packs in order (accumulates a sum, stores a residual) and returns the values later passes
+  // will see there.
+  template <typename Load, typename See> HK_DEVICE void first_pass(Load load, See see) {
     // Written whole on every row, so the previous row's values are dead (not kept in
     // registers across the row loop) whichever path this row takes.
     tile_ = RowTile<kTile>{};
     if (idle_) return;
     const unsigned t = team_.rank();
     if (resident_) {
-      // All of the lane's loads are issued before the first is used.
+      // Every load is issued before any is used. Each pack is guarded (the lane may hold fewer
+      // than kTile), and a guarded block that loaded and then used its pack would make the
+      // lane wait for each load in turn unless the compiler happened to predicate it.
+      decltype(load(0u, Width<kVec>{})) loaded[kTile] = {};
 #pragma unroll
       for (unsigned c = 0; c < kTile; ++c) {
         const unsigned v = c * kLanes + t;
-        if (v < nvec_) tile_.bits[c] = __builtin_bit_cast(u32x4, produce(v * kVec, Width<kVec>{}));
+        if (v < nvec_) loaded[c] = load(v * kVec, Width<kVec>{});
+      }
+#pragma unroll
+      for (unsigned c = 0; c < kTile; ++c) {
+        const unsigned v = c * kLanes + t;
+        if (v < nvec_) tile_.bits[c] = __builtin_bit_cast(u32x4, see(v * kVec, Width<kVec>{}, loaded[c]));
       }
     } else if (vectors_) {
-      for (unsigned base = 0; base < nvec_; base += kTile * kLanes) {
-#pragma unroll
-        for (unsigned c = 0; c < kTile; ++c) {
-          const unsigned v = base + c * kLanes + t;
-          if (v < nvec_) produce(v * kVec, Width<kVec>{});
-        }
-      }
+      // Rows too long for registers are read again by later passes anyway; holding a whole
+      // round of loads here as well would cost registers that the resident path needs.
+      for (unsigned v = t; v < nvec_; v += kLanes) see(v * kVec, Width<kVec>{}, load(v * kVec, Width<kVec>{}));
     } else {
-      for (unsigned i = t; i < cols_; i += kLanes) produce(i, Width<1>{});
+      for (unsigned i = t; i < cols_; i += kLanes) see(i, Width<1>{}, load(i, Width<1>{}));
     }
   }
 
