@@ -16,15 +16,7 @@ extern "C" __attribute__((global)) void scale(float* out, const float* x, float 
 }
 "#;
 
-const MODULE: &str = r#"
-[module]
-name = "scale"
-source = "../kernels/scale.hip"
-
-[[kernel]]
-symbol = "scale"
-args = ["out: *mut f32", "x: *const f32", "a: f32", "n: u32"]
-"#;
+const MODULE: &str = include_str!("../../tests/fixtures/scale.toml");
 
 const PACKAGE: &str = r#"
 [package]

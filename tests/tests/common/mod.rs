@@ -134,15 +134,7 @@ KERNEL void scale(float* out, const float* x, float a, unsigned n) {
 }
 "#;
 
-pub const SCALE_MANIFEST: &str = r#"
-[module]
-name = "scale"
-source = "../kernels/scale.hip"
-
-[[kernel]]
-symbol = "scale"
-args = ["out: *mut f32", "x: *const f32", "a: f32", "n: u32"]
-"#;
+pub const SCALE_MANIFEST: &str = include_str!("../../fixtures/scale.toml");
 
 /// `offset`: out[i] = x[i] + b, in f32.
 pub const OFFSET_SOURCE: &str = r#"
