@@ -152,12 +152,14 @@ HK_DEVICE void fused_add_layernorm(T* out, T* __restrict__ residual, const T* x,
 }  // namespace
 
 #define HK_LAYERNORM(name, T)                                                                 \
-  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kMinBlocks) void layernorm_##name(                                  \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kMinBlocks)                                   \
+  void layernorm_##name(                                                                      \
       T* out, const T* x, const T* weight, const T* bias, float eps, unsigned rows,           \
       unsigned cols) {                                                                        \
     layernorm<T>(out, x, weight, bias, eps, rows, cols);                                      \
   }                                                                                           \
-  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kFusedMinBlocks) void fused_add_layernorm_##name(                        \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kFusedMinBlocks)                              \
+  void fused_add_layernorm_##name(                                                            \
       T* out, T* residual, const T* x, const T* weight, const T* bias, float eps,             \
       unsigned rows, unsigned cols) {                                                         \
     fused_add_layernorm<T>(out, residual, x, weight, bias, eps, rows, cols);                  \

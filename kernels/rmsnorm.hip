@@ -105,11 +105,13 @@ HK_DEVICE void fused_add_rmsnorm(T* out, T* __restrict__ residual, const T* x,
 }  // namespace
 
 #define HK_RMSNORM(name, T)                                                                   \
-  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kMinBlocks) void rmsnorm_##name(                                    \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kMinBlocks)                                   \
+  void rmsnorm_##name(                                                                        \
       T* out, const T* x, const T* weight, float eps, unsigned rows, unsigned cols) {         \
     rmsnorm<T>(out, x, weight, eps, rows, cols);                                              \
   }                                                                                           \
-  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kFusedMinBlocks) void fused_add_rmsnorm_##name(                          \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kFusedMinBlocks)                              \
+  void fused_add_rmsnorm_##name(                                                              \
       T* out, T* residual, const T* x, const T* weight, float eps, unsigned rows,             \
       unsigned cols) {                                                                        \
     fused_add_rmsnorm<T>(out, residual, x, weight, eps, rows, cols);                          \

@@ -116,8 +116,8 @@ HK_DEVICE void softmax(T* __restrict__ out, const T* __restrict__ x, unsigned ro
 }  // namespace
 
 #define HK_SOFTMAX(name, T)                                                                   \
-  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kMinBlocks) void softmax_##name(T* out, const T* x, unsigned rows,  \
-                                                         unsigned cols) {                    \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kMinBlocks)                                   \
+  void softmax_##name(T* out, const T* x, unsigned rows, unsigned cols) {                     \
     softmax<T>(out, x, rows, cols);                                                           \
   }
 HK_SOFTMAX(bf16, hk::bf16)
