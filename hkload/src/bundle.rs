@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::device::Device;
 use crate::driver::{FunctionHandle, LaunchDims, ModuleHandle, StreamHandle};
 use crate::error::{Error, LaunchError, Result};
+use crate::file::FileBytes;
 use crate::index::{INDEX_FILE, Index};
 use crate::launch::{Arg, ArgLayout, shared_memory_limit};
 use crate::manifest::{
@@ -85,20 +86,6 @@ struct ModuleFile {
     abi_file: OnceLock<Result<ModuleAbi, Error>>,
 }
 
-enum FileBytes {
-    Mapped(memmap2::Mmap),
-    Static(&'static [u8]),
-}
-
-impl FileBytes {
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Self::Mapped(map) => map,
-            Self::Static(bytes) => bytes,
-        }
-    }
-}
-
 impl std::fmt::Debug for Bundle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let package = &self.manifest().package;
@@ -149,7 +136,7 @@ impl Bundle {
     fn read(origin: PathBuf, source: Source, options: OpenOptions) -> Result<Self> {
         let index_path = origin.join(INDEX_FILE);
         let records = match source.read(&index_path, INDEX_FILE) {
-            Ok(bytes) => Records::Index(Index::decode(&bytes, options.verify_hashes).map_err(
+            Ok(bytes) => Records::Index(Index::decode(bytes, options.verify_hashes).map_err(
                 |source| Error::Manifest {
                     path: index_path.clone(),
                     source,
@@ -328,12 +315,11 @@ impl Bundle {
             .as_ref()
             .map_err(Clone::clone)?;
         let id = entry.to_string();
-        let image =
-            offload::extract_entry(bytes.as_slice(), &id).map_err(|source| Error::Format {
-                module: record.name.clone(),
-                path: file.path.clone(),
-                source,
-            })?;
+        let image = offload::extract_entry(bytes, &id).map_err(|source| Error::Format {
+            module: record.name.clone(),
+            path: file.path.clone(),
+            source,
+        })?;
         let expected = record
             .entries
             .iter()
@@ -384,12 +370,14 @@ impl Inner {
 }
 
 impl Source {
-    /// The bytes of the bundle file `name` (at `path` when the bundle is a folder); an
-    /// embedded file that is not there reads as `NotFound`, as a missing file does.
-    fn read(&self, path: &Path, name: &str) -> std::io::Result<Cow<'static, [u8]>> {
+    /// The bytes of the bundle file `name` (at `path`, mapped, when the bundle is a folder: a
+    /// mapped index is not copied, and the kernels' records in it are read only when used,
+    /// which measured cheaper than reading the file); an embedded file that is not there reads
+    /// as `NotFound`, as a missing file does.
+    fn read(&self, path: &Path, name: &str) -> std::io::Result<FileBytes> {
         match self {
-            Self::Dir => std::fs::read(path).map(Cow::Owned),
-            Self::Embedded(files) => embedded(files, name).map(Cow::Borrowed),
+            Self::Dir => FileBytes::map(path),
+            Self::Embedded(files) => embedded(files, name).map(FileBytes::from),
         }
     }
 }
@@ -431,18 +419,10 @@ impl ModuleFile {
             detail: e.to_string(),
         };
         let bytes = match source {
-            Source::Dir => {
-                let file = std::fs::File::open(&self.path).map_err(io)?;
-                // SAFETY: the map is read-only and private to this process. Bundles are
-                // written aside and moved into place whole, so a file is never rewritten while
-                // mapped by a well-behaved producer; hashes catch the rest when verifying.
-                FileBytes::Mapped(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
-            }
-            Source::Embedded(files) => {
-                FileBytes::Static(embedded(files, &record.file).map_err(io)?)
-            }
+            Source::Dir => FileBytes::map(&self.path).map_err(io)?,
+            Source::Embedded(files) => embedded(files, &record.file).map_err(io)?.into(),
         };
-        let len = bytes.as_slice().len() as u64;
+        let len = bytes.len() as u64;
         let what = || format!("module file {}", self.path.display());
         if len != record.size {
             return Err(Error::Mismatch {
@@ -450,7 +430,7 @@ impl ModuleFile {
                 detail: format!("it is {len} bytes, the manifest says {}", record.size),
             });
         }
-        if offload::is_compressed(bytes.as_slice()) != record.compressed {
+        if offload::is_compressed(&bytes) != record.compressed {
             return Err(Error::Mismatch {
                 what: what(),
                 detail: format!(

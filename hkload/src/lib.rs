@@ -98,6 +98,7 @@ pub mod code_object;
 pub mod device;
 pub mod driver;
 mod error;
+pub mod file;
 pub mod index;
 mod launch;
 pub mod manifest;

@@ -66,7 +66,7 @@ fn the_index_holds_exactly_the_records_of_the_toml_files() {
     let (compressed, plain) = repo_bundles();
     for bundle in [compressed, plain] {
         let toml = manifest(bundle);
-        let index = Index::decode(&std::fs::read(bundle.join(INDEX_FILE)).unwrap(), true).unwrap();
+        let index = Index::decode(std::fs::read(bundle.join(INDEX_FILE)).unwrap(), true).unwrap();
         assert_eq!(index.manifest, toml);
         for (i, module) in toml.modules.iter().enumerate() {
             let text = std::fs::read_to_string(bundle.join(&module.abi_file)).unwrap();

@@ -535,7 +535,7 @@ fn a_newer_format_and_a_missing_file_are_clear_errors() {
         Bundle::from_bytes(&[("bundle.toml", leak(newer.into_bytes()))], UNVERIFIED).unwrap_err();
     assert!(error.to_string().contains(newer_major), "{error}");
 
-    let index = Index::decode(&read("bundle.msgpack"), true).unwrap();
+    let index = Index::decode(read("bundle.msgpack"), true).unwrap();
     let abis: Vec<ModuleAbi> = (0..index.manifest.modules.len())
         .map(|i| index.module_abi(i).unwrap())
         .collect();

@@ -1,0 +1,59 @@
+//! The bytes of one bundle file, however hkload holds them: mapped from the bundle folder,
+//! embedded in the program, or read into memory.
+
+use std::fs::File;
+use std::ops::Deref;
+use std::path::Path;
+
+/// A bundle file's bytes. Records decoded from it later (a kernel's record in the index, a
+/// code image in a module file) are slices of these bytes, not copies.
+pub struct FileBytes(Held);
+
+enum Held {
+    Mapped(memmap2::Mmap),
+    Static(&'static [u8]),
+    Owned(Vec<u8>),
+}
+
+impl FileBytes {
+    /// Maps the file at `path`. Its pages are read when first touched, so the parts of a file
+    /// that are never used (other devices' code, other kernels' records) cost nothing.
+    pub(crate) fn map(path: &Path) -> std::io::Result<Self> {
+        let file = File::open(path)?;
+        // SAFETY: the map is read-only and private to this process. Bundles are written aside
+        // and moved into place whole, so a file is never rewritten while mapped by a
+        // well-behaved producer; hashes catch the rest when verifying.
+        let map = unsafe { memmap2::Mmap::map(&file) }?;
+        Ok(Self(Held::Mapped(map)))
+    }
+}
+
+impl From<&'static [u8]> for FileBytes {
+    fn from(bytes: &'static [u8]) -> Self {
+        Self(Held::Static(bytes))
+    }
+}
+
+impl From<Vec<u8>> for FileBytes {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self(Held::Owned(bytes))
+    }
+}
+
+impl Deref for FileBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            Held::Mapped(map) => map,
+            Held::Static(bytes) => bytes,
+            Held::Owned(bytes) => bytes,
+        }
+    }
+}
+
+impl std::fmt::Debug for FileBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FileBytes({} bytes)", self.len())
+    }
+}
