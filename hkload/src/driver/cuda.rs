@@ -20,7 +20,6 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::ptr;
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
@@ -30,6 +29,9 @@ use std::time::Duration;
 /// [`CudaDriver`] is created; cudarc panics on the first call of one that does not.
 pub use cudarc::driver::sys;
 
+use super::vendor::{
+    ExtraMarkers, HandleMap, describe_launch, doing, unknown_function, with_packed_args,
+};
 use super::{
     DeviceInfo, DevicePtr, Driver, DriverError, FunctionHandle, ImageKind, LaunchDims,
     ModuleHandle, StreamHandle,
@@ -77,11 +79,12 @@ const EVENT_SYMBOLS: &[&str] = &[
     "cuEventDestroy_v2",
 ];
 
-/// Markers of `cuLaunchKernel`'s `extra` array (`cuda.h`): the packed argument buffer, its
-/// size, and the end of the array.
-const LAUNCH_PARAM_BUFFER_POINTER: usize = sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize;
-const LAUNCH_PARAM_BUFFER_SIZE: usize = sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize;
-const LAUNCH_PARAM_END: usize = sys::CU_LAUNCH_PARAM_END_AS_INT as usize;
+/// Markers of `cuLaunchKernel`'s `extra` array (`cuda.h`).
+const EXTRA_MARKERS: ExtraMarkers = ExtraMarkers {
+    buffer_pointer: sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize,
+    buffer_size: sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize,
+    end: sys::CU_LAUNCH_PARAM_END_AS_INT as usize,
+};
 
 /// Room for the JIT's error log when PTX fails to compile.
 const JIT_LOG_BYTES: usize = 16 * 1024;
@@ -96,7 +99,7 @@ pub struct CudaDriver {
     modules: Mutex<HashMap<u64, usize>>,
     /// Functions of live modules. Read on every launch, and held for its duration so that an
     /// unload (which takes it for writing) cannot pull the function out from under it.
-    functions: RwLock<HashMap<u64, FunctionEntry, BuildHasherDefault<HandleHasher>>>,
+    functions: RwLock<HandleMap<FunctionEntry>>,
 }
 
 struct CudaDevice {
@@ -104,31 +107,6 @@ struct CudaDevice {
     info: DeviceInfo,
     /// The device's primary context, once retained.
     context: OnceLock<Context>,
-}
-
-/// Hashes the `CUfunction` keys of the launch table with one folded multiply. SipHash's
-/// resistance to chosen keys buys nothing for pointers the driver hands out, and costs several
-/// nanoseconds on every launch.
-#[derive(Default)]
-struct HandleHasher(u64);
-
-impl Hasher for HandleHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.write_u64(self.0 ^ u64::from(byte));
-        }
-    }
-
-    fn write_u64(&mut self, key: u64) {
-        // The high half of the product carries every key bit into the low bits that pick the
-        // bucket, which aligned pointers would otherwise leave all zero.
-        let product = u128::from(key) * 0x9E37_79B9_7F4A_7C15;
-        self.0 = (product as u64) ^ ((product >> 64) as u64);
-    }
 }
 
 /// A `CUcontext`.
@@ -437,62 +415,34 @@ impl Driver for CudaDriver {
             .unwrap_or_else(PoisonError::into_inner);
         let entry = functions
             .get(&function.0)
-            .ok_or_else(|| DriverError::Call {
-                call: "cuLaunchKernel",
-                detail: format!(
-                    "function {:#x} was not looked up through this driver, or its module is \
-                     unloaded",
-                    function.0
-                ),
-            })?;
+            .ok_or_else(|| unknown_function("cuLaunchKernel", function))?;
         make_current(entry.context)?;
-        let mut size = args.len();
-        let mut extra = [
-            LAUNCH_PARAM_BUFFER_POINTER as *mut c_void,
-            args.as_ptr().cast_mut().cast(),
-            LAUNCH_PARAM_BUFFER_SIZE as *mut c_void,
-            (&raw mut size).cast(),
-            LAUNCH_PARAM_END as *mut c_void,
-        ];
-        // A kernel without parameters gets no buffer at all.
-        let extra = if args.is_empty() {
-            ptr::null_mut()
-        } else {
-            extra.as_mut_ptr()
-        };
         let [gx, gy, gz] = dims.grid;
         let [bx, by, bz] = dims.block;
-        // SAFETY: the function belongs to a live module (it is in the table, which stays
-        // read-locked until the call returns, so no unload can intervene). `extra` and the
-        // buffer and size it points to outlive the call, which copies the arguments. The
-        // stream is 0 (the default stream) or one the caller created in this context, as
-        // `Kernel::launch`'s contract requires.
-        let result = unsafe {
-            sys::cuLaunchKernel(
-                function.0 as sys::CUfunction,
-                gx,
-                gy,
-                gz,
-                bx,
-                by,
-                bz,
-                dims.shared_bytes,
-                stream.0 as sys::CUstream,
-                ptr::null_mut(),
-                extra,
-            )
-        };
+        let result = with_packed_args(args, &EXTRA_MARKERS, |extra| {
+            // SAFETY: the function belongs to a live module (it is in the table, which stays
+            // read-locked until the call returns, so no unload can intervene). `extra` and the
+            // buffer and size it points to outlive the call, which copies the arguments. The
+            // stream is 0 (the default stream) or one the caller created in this context, as
+            // `Kernel::launch`'s contract requires.
+            unsafe {
+                sys::cuLaunchKernel(
+                    function.0 as sys::CUfunction,
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    dims.shared_bytes,
+                    stream.0 as sys::CUstream,
+                    ptr::null_mut(),
+                    extra,
+                )
+            }
+        });
         drop(functions);
-        check("cuLaunchKernel", result).map_err(doing(|| {
-            format!(
-                "launching grid {:?}, block {:?}, {} bytes of dynamic shared memory, {} bytes \
-                 of arguments",
-                dims.grid,
-                dims.block,
-                dims.shared_bytes,
-                args.len()
-            )
-        }))
+        check("cuLaunchKernel", result).map_err(doing(|| describe_launch(dims, args)))
     }
 
     fn alloc(&self, device: usize, bytes: usize) -> Result<DevicePtr, DriverError> {
@@ -783,17 +733,6 @@ fn check(call: &'static str, result: sys::CUresult) -> Result<(), DriverError> {
     })
 }
 
-/// Adds what the failed call was doing to its error, as `… while <what>`.
-fn doing(what: impl FnOnce() -> String) -> impl FnOnce(DriverError) -> DriverError {
-    move |error| match error {
-        DriverError::Call { call, detail } => DriverError::Call {
-            call,
-            detail: format!("{detail} while {}", what()),
-        },
-        other => other,
-    }
-}
-
 /// `CUDA_ERROR_INVALID_VALUE (invalid argument)`: CUDA's name and text for `result`.
 fn describe(result: sys::CUresult) -> String {
     let text_of = |lookup: unsafe fn(sys::CUresult, *mut *const c_char) -> sys::CUresult| {
@@ -857,36 +796,5 @@ mod tests {
                 "{major}.{minor}: {error}"
             );
         }
-    }
-
-    #[test]
-    fn handle_hashes_spread_aligned_pointers_over_buckets() {
-        let buckets: std::collections::HashSet<u64> = (0..64u64)
-            .map(|i| {
-                let mut hasher = HandleHasher::default();
-                hasher.write_u64(0x7f3a_1200_0000 + i * 4096);
-                hasher.finish() % 64
-            })
-            .collect();
-        assert!(buckets.len() >= 32, "{} of 64 buckets used", buckets.len());
-    }
-
-    #[test]
-    fn failed_calls_say_what_they_were_doing() {
-        let error = DriverError::Call {
-            call: "cuMemAlloc",
-            detail: "CUDA_ERROR_OUT_OF_MEMORY (out of memory)".into(),
-        };
-        let error = doing(|| "allocating 8 bytes on CUDA device 0".into())(error);
-        assert_eq!(
-            error.to_string(),
-            "cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory) while allocating 8 \
-             bytes on CUDA device 0"
-        );
-        let unavailable = DriverError::Unavailable {
-            api: API,
-            detail: "no library".into(),
-        };
-        assert_eq!(doing(String::new)(unavailable.clone()), unavailable);
     }
 }

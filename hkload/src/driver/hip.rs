@@ -29,6 +29,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
 use libloading::Library;
 
+use super::vendor::{
+    ExtraMarkers, HandleMap, describe_launch, doing, unknown_function, with_packed_args,
+};
 use super::{
     DeviceInfo, DevicePtr, Driver, DriverError, FunctionHandle, ImageKind, LaunchDims,
     ModuleHandle, StreamHandle,
@@ -60,9 +63,11 @@ const HIP_MEMCPY_DEVICE_TO_HOST: c_int = 2;
 
 /// Markers of `hipModuleLaunchKernel`'s `extra` array (`hip_runtime_api.h`). Note that the end
 /// marker differs from CUDA's (0).
-const HIP_LAUNCH_PARAM_BUFFER_POINTER: usize = 0x01;
-const HIP_LAUNCH_PARAM_BUFFER_SIZE: usize = 0x02;
-const HIP_LAUNCH_PARAM_END: usize = 0x03;
+const EXTRA_MARKERS: ExtraMarkers = ExtraMarkers {
+    buffer_pointer: 0x01,
+    buffer_size: 0x02,
+    end: 0x03,
+};
 
 /// Where `hipDeviceProp_t` keeps what hkload reads, in one ABI version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +155,7 @@ pub struct HipDriver {
     modules: Mutex<HashMap<u64, LoadedModule>>,
     /// Functions of live modules. Read on every launch, and held for its duration so that an
     /// unload (which takes it for writing) cannot pull the function out from under it.
-    functions: RwLock<HashMap<u64, FunctionEntry>>,
+    functions: RwLock<HandleMap<FunctionEntry>>,
 }
 
 struct LoadedModule {
@@ -417,63 +422,36 @@ impl Driver for HipDriver {
             .unwrap_or_else(PoisonError::into_inner);
         let entry = functions
             .get(&function.0)
-            .ok_or_else(|| DriverError::Call {
-                call: "hipModuleLaunchKernel",
-                detail: format!(
-                    "function {:#x} was not looked up through this driver, or its module is \
-                     unloaded",
-                    function.0
-                ),
-            })?;
+            .ok_or_else(|| unknown_function("hipModuleLaunchKernel", function))?;
         self.make_current(entry.device)?;
-        let mut size = args.len();
-        let mut extra = [
-            HIP_LAUNCH_PARAM_BUFFER_POINTER as *mut c_void,
-            args.as_ptr().cast_mut().cast(),
-            HIP_LAUNCH_PARAM_BUFFER_SIZE as *mut c_void,
-            (&raw mut size).cast(),
-            HIP_LAUNCH_PARAM_END as *mut c_void,
-        ];
-        // A kernel without parameters gets no buffer at all.
-        let extra = if args.is_empty() {
-            ptr::null_mut()
-        } else {
-            extra.as_mut_ptr()
-        };
         let [gx, gy, gz] = dims.grid;
         let [bx, by, bz] = dims.block;
-        // SAFETY: the function belongs to a live module (it is in the table, which stays
-        // read-locked until the call returns). `extra` and the buffer and size it points to
-        // outlive the call, which copies the arguments. The stream is 0 (the default stream)
-        // or one the caller created on this device, as `Kernel::launch`'s contract requires.
-        let status = unsafe {
-            (self.api.module_launch_kernel)(
-                function.0 as RawFunction,
-                gx,
-                gy,
-                gz,
-                bx,
-                by,
-                bz,
-                dims.shared_bytes,
-                stream.0 as *mut c_void,
-                ptr::null_mut(),
-                extra,
-            )
-        };
+        let status = with_packed_args(args, &EXTRA_MARKERS, |extra| {
+            // SAFETY: the function belongs to a live module (it is in the table, which stays
+            // read-locked until the call returns). `extra` and the buffer and size it points
+            // to outlive the call, which copies the arguments. The stream is 0 (the default
+            // stream) or one the caller created on this device, as `Kernel::launch`'s contract
+            // requires.
+            unsafe {
+                (self.api.module_launch_kernel)(
+                    function.0 as RawFunction,
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    dims.shared_bytes,
+                    stream.0 as *mut c_void,
+                    ptr::null_mut(),
+                    extra,
+                )
+            }
+        });
         drop(functions);
         self.api
             .check("hipModuleLaunchKernel", status)
-            .map_err(doing(|| {
-                format!(
-                    "launching grid {:?}, block {:?}, {} bytes of dynamic shared memory, {} \
-                     bytes of arguments",
-                    dims.grid,
-                    dims.block,
-                    dims.shared_bytes,
-                    args.len()
-                )
-            }))
+            .map_err(doing(|| describe_launch(dims, args)))
     }
 
     fn alloc(&self, device: usize, bytes: usize) -> Result<DevicePtr, DriverError> {
@@ -754,17 +732,6 @@ impl CodeImage {
 
     fn as_ptr(&self) -> *const c_void {
         self.words.as_ptr().cast()
-    }
-}
-
-/// Adds what the failed call was doing to its error, as `… while <what>`.
-fn doing(what: impl FnOnce() -> String) -> impl FnOnce(DriverError) -> DriverError {
-    move |error| match error {
-        DriverError::Call { call, detail } => DriverError::Call {
-            call,
-            detail: format!("{detail} while {}", what()),
-        },
-        other => other,
     }
 }
 

@@ -14,6 +14,8 @@ pub mod cuda;
 #[cfg(feature = "hip")]
 pub mod hip;
 mod recording;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod vendor;
 
 #[cfg(feature = "cuda")]
 pub use cuda::CudaDriver;
