@@ -15,6 +15,16 @@ pub fn round_to(ty: ScalarType, x: f64) -> f64 {
     }
 }
 
+/// The gap between 1 and the next value of the 16-bit float `ty`: one ulp, relative (2^-7 for
+/// bf16, 2^-10 for f16). Tolerances of 16-bit outputs are stated in it.
+pub fn epsilon(ty: ScalarType) -> f64 {
+    match ty {
+        ScalarType::Bf16 => bf16::EPSILON.to_f64(),
+        ScalarType::F16 => f16::EPSILON.to_f64(),
+        _ => panic!("epsilon is for the 16-bit float types, not {ty:?}"),
+    }
+}
+
 /// `len` values drawn uniformly from `center ± spread` and rounded to `ty`: fresh random
 /// inputs that the device type holds exactly.
 pub fn random_rounded(
@@ -85,6 +95,17 @@ pub const POISON_BYTE: u8 = 0xFF;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn epsilon_is_the_step_after_one() {
+        for ty in [ScalarType::Bf16, ScalarType::F16] {
+            let eps = epsilon(ty);
+            assert_eq!(round_to(ty, 1.0 + eps), 1.0 + eps, "{ty}");
+            assert_eq!(round_to(ty, 1.0 + eps * 0.49), 1.0, "{ty}");
+        }
+        assert_eq!(epsilon(ScalarType::Bf16), 2f64.powi(-7));
+        assert_eq!(epsilon(ScalarType::F16), 2f64.powi(-10));
+    }
 
     #[test]
     fn encode_decode_round_trips_rounded_values() {

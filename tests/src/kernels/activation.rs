@@ -16,7 +16,7 @@ use hkload::driver::LaunchDims;
 use rand::Rng;
 
 use crate::case::{Case, CaseArg, Expect};
-use crate::host::random_rounded;
+use crate::host::{epsilon, random_rounded};
 
 /// Threads in a block of every activation kernel.
 pub const BLOCK_THREADS: u32 = 256;
@@ -141,8 +141,8 @@ pub fn act_and_mul(act: Activation, row: &[f64]) -> Vec<f64> {
 /// GELU-tanh's cubic at x = −8) carry more relative error than the output is worth.
 pub fn tolerance(ty: ScalarType) -> (f64, f64) {
     match ty {
-        ScalarType::Bf16 => (1e-6, 2f64.powi(-7)),
-        ScalarType::F16 => (1e-6, 2f64.powi(-10)),
+        ScalarType::Bf16 => (1e-6, epsilon(ty)),
+        ScalarType::F16 => (1e-6, epsilon(ty)),
         _ => (1e-6, 1e-5),
     }
 }

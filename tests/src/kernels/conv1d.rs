@@ -10,7 +10,7 @@ use hkload::driver::LaunchDims;
 use rand::Rng;
 
 use crate::case::{Case, CaseArg};
-use crate::host::random_rounded;
+use crate::host::{epsilon, random_rounded};
 
 /// The shape of one causal convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,8 +114,8 @@ const SHAPES: [ConvShape; 9] = [
 /// The absolute term covers outputs that nearly cancel.
 fn tolerance(ty: ScalarType) -> (f64, f64) {
     match ty {
-        ScalarType::Bf16 => (1e-5, 2f64.powi(-8)),
-        ScalarType::F16 => (1e-5, 2f64.powi(-10)),
+        ScalarType::Bf16 => (1e-5, epsilon(ty) / 2.0),
+        ScalarType::F16 => (1e-5, epsilon(ty)),
         _ => (1e-6, 1e-5),
     }
 }

@@ -16,7 +16,7 @@ use hkload::driver::LaunchDims;
 use rand::Rng;
 
 use crate::case::{Case, CaseArg, Expect};
-use crate::host::{random_rounded, round_to};
+use crate::host::{epsilon, random_rounded, round_to};
 
 /// Threads in a block of every row kernel (the norms here and softmax).
 pub const BLOCK_THREADS: u32 = 256;
@@ -159,8 +159,8 @@ const SHAPES: [Shape; 11] = [
 /// (LayerNorm's `normed · weight + bias` can cancel).
 pub fn tolerance(ty: ScalarType) -> (f64, f64) {
     match ty {
-        ScalarType::Bf16 => (1e-5, 2f64.powi(-7)),
-        ScalarType::F16 => (1e-5, 2f64.powi(-10)),
+        ScalarType::Bf16 => (1e-5, epsilon(ty)),
+        ScalarType::F16 => (1e-5, epsilon(ty)),
         _ => (1e-5, 1e-5),
     }
 }

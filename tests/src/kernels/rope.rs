@@ -11,7 +11,7 @@ use hkload::driver::LaunchDims;
 use rand::Rng;
 
 use crate::case::{Case, CaseArg};
-use crate::host::{random_rounded, round_to};
+use crate::host::{epsilon, random_rounded, round_to};
 
 /// Which elements of a head vector form a rotated pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,8 +133,8 @@ const SHAPES: [Shape; 8] = [
 /// show where the two products nearly cancel (inputs are below 2 in magnitude).
 fn tolerance(ty: ScalarType) -> (f64, f64) {
     match ty {
-        ScalarType::Bf16 => (1e-5, 2f64.powi(-8)),
-        ScalarType::F16 => (1e-5, 2f64.powi(-10)),
+        ScalarType::Bf16 => (1e-5, epsilon(ty) / 2.0),
+        ScalarType::F16 => (1e-5, epsilon(ty)),
         _ => (2e-6, 2e-6),
     }
 }

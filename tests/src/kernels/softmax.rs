@@ -10,7 +10,7 @@ use hkload::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
 use crate::case::{Case, CaseArg};
-use crate::host::round_to;
+use crate::host::{epsilon, round_to};
 use crate::kernels::norm::row_launch_dims;
 
 /// The softmax of one row, computed after subtracting the row's maximum so that no exp
@@ -28,8 +28,8 @@ pub fn softmax(x: &[f64]) -> Vec<f64> {
 /// term covers f16 subnormals (probabilities below 6e-5) and exps that flush to 0.
 pub fn tolerance(ty: ScalarType) -> (f64, f64) {
     match ty {
-        ScalarType::Bf16 => (1e-9, 2f64.powi(-7)),
-        ScalarType::F16 => (1e-7, 2f64.powi(-10)),
+        ScalarType::Bf16 => (1e-9, epsilon(ty)),
+        ScalarType::F16 => (1e-7, epsilon(ty)),
         _ => (1e-9, 2e-5),
     }
 }
