@@ -20,10 +20,17 @@ impl FileBytes {
     /// that are never used (other devices' code, other kernels' records) cost nothing.
     pub(crate) fn map(path: &Path) -> std::io::Result<Self> {
         let file = File::open(path)?;
+        // Mapping needs the length anyway; asking here too says what is wrong with a folder or
+        // a device where a file belongs, which mmap reports only as "no such device".
+        let metadata = file.metadata()?;
+        if !metadata.is_file() {
+            return Err(std::io::Error::other("it is not a regular file"));
+        }
+        let len = usize::try_from(metadata.len()).map_err(std::io::Error::other)?;
         // SAFETY: the map is read-only and private to this process. Bundles are written aside
         // and moved into place whole, so a file is never rewritten while mapped by a
         // well-behaved producer; hashes catch the rest when verifying.
-        let map = unsafe { memmap2::Mmap::map(&file) }?;
+        let map = unsafe { memmap2::MmapOptions::new().len(len).map(&file) }?;
         Ok(Self(Held::Mapped(map)))
     }
 }
@@ -55,5 +62,22 @@ impl Deref for FileBytes {
 impl std::fmt::Debug for FileBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "FileBytes({} bytes)", self.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_files_whatever_their_size_and_refuses_folders() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bundle.msgpack");
+        std::fs::write(&path, b"records").unwrap();
+        assert_eq!(&*FileBytes::map(&path).unwrap(), b"records");
+        std::fs::write(&path, b"").unwrap();
+        assert!(FileBytes::map(&path).unwrap().is_empty());
+        let error = FileBytes::map(dir.path()).unwrap_err();
+        assert!(error.to_string().contains("not a regular file"), "{error}");
     }
 }
