@@ -3,8 +3,9 @@
 
 Runs gpu_kernel_bench (our kernels through hkload; it owns the table of shapes), then times
 PyTorch eager and torch.compile on the same shapes with the same method: CUDA events around
-each iteration, inputs rotated over as many copies as ours, the same warm-up and iteration
-count, chunks of iterations queued behind a head start so the GPU never waits for the host.
+each iteration, inputs rotated over as many copies as ours (outputs come from the caching
+allocator, the same block each iteration, as ours go to one buffer), the same warm-up and
+iteration count, chunks of iterations queued behind a gate so the GPU never waits for the host.
 Measures the device's copy bandwidth, compares our outputs with PyTorch's on each kernel's
 checked shape, and prints one table and the verdict on the targets.
 
@@ -26,6 +27,8 @@ budget and gpu_kernel_bench's time limit keep the whole under 8 minutes.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import math
 import os
@@ -40,10 +43,6 @@ from typing import Callable
 
 # Mirrors of gpu_kernel_bench's method, so both sides are timed alike.
 CHUNK = 25
-HEAD_START_FACTOR = 2.0
-HEAD_START_MARGIN_S = 100e-6
-HEAD_START_TRIES = 3
-MAX_HEAD_START_S = 0.5
 DEFAULT_ITERS = 200
 DEFAULT_WARMUP = 10
 
@@ -145,8 +144,6 @@ def render_table(report: dict) -> str:
         cross = row.get("cross_check")
         if cross and not cross.get("agree"):
             notes.append("ours and torch DISAGREE")
-        if any(part.get("queue_ahead") is False for part in (row["ours"], eager, compiled)):
-            notes.append("GPU waited for the host")
         for name, part in (("eager", eager), ("compile", compiled)):
             if part.get("error"):
                 notes.append(f"{name}: {part['error'][:60]}")
@@ -433,45 +430,67 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {first[0] if first else ''}"[:300]
 
 
+class Gate:
+    """Holds the current stream back while the host queues work, as gpu_kernel_bench's gate
+    does: the stream waits (cuStreamWaitValue32) until a word of pinned host memory reaches the
+    hold's turn, and the host writes it when the hold ends. No guess of the host's speed, and
+    nothing runs on the GPU that could touch the caches."""
+
+    # CUstreamWaitValue_flags: wait until the word is at least the value.
+    WAIT_GEQ = 0
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.cuda = ctypes.CDLL("libcuda.so.1")
+        self.cuda.cuMemHostGetDevicePointer_v2.argtypes = [
+            ctypes.POINTER(ctypes.c_uint64),
+            ctypes.c_void_p,
+            ctypes.c_uint,
+        ]
+        self.cuda.cuStreamWaitValue32_v2.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_uint64,
+            ctypes.c_uint32,
+            ctypes.c_uint,
+        ]
+        self.word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        device_word = ctypes.c_uint64()
+        self._check(
+            "cuMemHostGetDevicePointer",
+            self.cuda.cuMemHostGetDevicePointer_v2(
+                ctypes.byref(device_word), self.word.data_ptr(), 0
+            ),
+        )
+        self.device_word = device_word.value
+        self.turn = 0
+
+    @staticmethod
+    def _check(call: str, result: int) -> None:
+        if result != 0:
+            raise RuntimeError(f"{call} failed with CUresult {result}")
+
+    @contextlib.contextmanager
+    def hold(self):
+        self.turn += 1
+        stream = self.torch.cuda.current_stream().cuda_stream
+        self._check(
+            "cuStreamWaitValue32",
+            self.cuda.cuStreamWaitValue32_v2(stream, self.device_word, self.turn, self.WAIT_GEQ),
+        )
+        try:
+            yield
+        finally:
+            self.word[0] = self.turn
+
+
 class Clock:
     """Times GPU work as gpu_kernel_bench does: an event between each two iterations, chunks of
-    CHUNK queued behind a head start (a spin kernel) long enough that the whole chunk is queued
-    before the GPU reaches it."""
+    CHUNK queued behind a Gate, so the GPU never waits for the host."""
 
     def __init__(self, torch):
         self.torch = torch
         self.events = [torch.cuda.Event(enable_timing=True) for _ in range(CHUNK + 1)]
-        self.ahead = torch.cuda.Event()
-        self.spin = getattr(torch.cuda, "_sleep", None)
-        self.scratch = None
-        if self.spin is None:
-            # No spin kernel in this torch: fills of a scratch buffer pace the head start.
-            self.scratch = torch.empty(64 << 20, dtype=torch.int32, device="cuda")
-        self.unit_s = self._calibrate()
-
-    def _pace(self, units: int) -> None:
-        if self.spin is not None:
-            self.spin(units)
-        else:
-            for _ in range(units):
-                self.scratch.fill_(0x3F803F80)
-
-    def _calibrate(self) -> float:
-        """Device seconds per unit of `_pace`: a clock cycle of the spin, or one fill."""
-        units = 2_000_000 if self.spin is not None else 1
-        start, end = self.events[0], self.events[1]
-        samples = []
-        for _ in range(5):
-            start.record()
-            self._pace(units)
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3 / units)
-        return statistics.median(samples[1:])
-
-    def head_start(self, seconds: float) -> None:
-        seconds = min(seconds, MAX_HEAD_START_S)
-        self._pace(max(1, math.ceil(seconds / self.unit_s)))
+        self.gate = Gate(torch)
 
     def time(self, run: Callable[[int], object], warmup: int, iters: int) -> dict:
         """`run(i)` for `warmup` untimed iterations, then `iters` timed ones (i counting on);
@@ -480,30 +499,16 @@ class Clock:
         for i in range(warmup):
             run(i)
         torch.cuda.synchronize()
-        # The host's time to queue one iteration, once everything is warm.
-        started = time.perf_counter()
-        for i in range(warmup):
-            run(i)
-        launch_s = (time.perf_counter() - started) / max(warmup, 1)
-        torch.cuda.synchronize()
 
-        samples, queue_ahead, done = [], True, 0
+        samples, done = [], 0
         while done < iters:
             n = min(CHUNK, iters - done)
-            head = HEAD_START_FACTOR * n * launch_s + HEAD_START_MARGIN_S
-            for attempt in range(1, HEAD_START_TRIES + 1):
-                self.head_start(head)
-                self.ahead.record()
+            with self.gate.hold():
                 self.events[0].record()
                 for j in range(n):
                     run(warmup + done + j)
                     self.events[j + 1].record()
-                ahead = not self.ahead.query()
-                self.events[n].synchronize()
-                if ahead or attempt == HEAD_START_TRIES:
-                    queue_ahead &= ahead
-                    break
-                head *= 4
+            self.events[n].synchronize()
             samples += [
                 self.events[j].elapsed_time(self.events[j + 1]) * 1e3 for j in range(n)
             ]
@@ -513,13 +518,7 @@ class Clock:
         def at(q):
             return samples[round(q * (len(samples) - 1))]
 
-        return {
-            "median_us": at(0.5),
-            "p10_us": at(0.1),
-            "p90_us": at(0.9),
-            "launch_cpu_us": launch_s * 1e6,
-            "queue_ahead": queue_ahead,
-        }
+        return {"median_us": at(0.5), "p10_us": at(0.1), "p90_us": at(0.9)}
 
 
 class TorchBench:

@@ -205,6 +205,13 @@ impl CudaDriver {
         make_current(self.context(device)?)
     }
 
+    /// Checks that the driver has every entry point in `symbols`, for code that calls them
+    /// through [`sys`]: its loader panics on a missing one (an older driver than the one the
+    /// call came with).
+    pub fn require(&self, symbols: &[&str]) -> Result<(), DriverError> {
+        check_library(symbols)
+    }
+
     /// Runs `enqueue`, which should queue work on `stream` of `device`, between two CUDA
     /// events, waits for the second, and returns what `enqueue` returned with the device time
     /// between the events (resolution about half a microsecond).

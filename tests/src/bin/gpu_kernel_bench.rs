@@ -8,17 +8,19 @@
 //! ```
 //!
 //! How a shape is timed:
-//! * Its tensors rotate over `sets` copies that together hold at least [`ROTATION_BYTES`] (five
+//! * Its inputs rotate over `sets` copies that together hold at least [`ROTATION_BYTES`] (five
 //!   times the 50 MB L2 of an H100), so no launch finds its data in the cache. The small shared
-//!   parameters (norm weights, RoPE tables) stay in one copy, as they would in a model.
+//!   parameters (norm weights, RoPE tables) stay in one copy, as they would in a model, and so
+//!   do the outputs: PyTorch's caching allocator hands each iteration the block the last one
+//!   freed, so both sides write to one buffer over and over.
 //! * [`WARMUP`] untimed launches, then `--iters` timed ones (default [`DEFAULT_ITERS`], at least
 //!   [`MIN_ITERS`]), each between two CUDA events; the median, 10th and 90th percentiles of the
 //!   per-launch times are reported.
-//! * The launches are queued in chunks of [`CHUNK`], each behind a head start of memsets long
-//!   enough that the GPU is still busy with it when the host has queued the whole chunk. The GPU
-//!   then never waits for the host, and an event pair measures the kernel (and the gap between
-//!   two queued kernels), not the host's launch latency. A chunk whose head start ran out before
-//!   it was queued is retried with a longer one; `queue_ahead: false` says one never held.
+//! * The launches are queued in chunks of [`CHUNK`] behind a [`Gate`]: the stream waits on a
+//!   word of host memory that the host sets once the whole chunk is queued. The GPU then never
+//!   waits for the host, and an event pair measures the kernel (and the gap between two queued
+//!   kernels), not the host's launch latency; nothing else runs on the GPU, so no cache is
+//!   touched in between.
 //! * Before timing, the first (smallest) shape of each kernel is launched once on fresh buffers
 //!   with poisoned outputs and compared with the f64 reference of [`hk_tests::kernels`]
 //!   (‖out − ref‖ / ‖ref‖ at most [`CHECK_LIMIT`]). `--dump DIR` writes that launch's inputs and
@@ -29,12 +31,13 @@
 //! Progress goes to stderr. `--list` prints the `kernel` records without timing and needs no
 //! GPU. Exits with 1 when a shape or a check failed, 2 when the benchmark could not start.
 
+use std::cell::Cell;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::ptr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{Ordering, fence};
 
 use half::bf16;
 use hk_tests::host::{POISON_BYTE, decode};
@@ -70,23 +73,13 @@ const WARMUP: usize = 10;
 const DEFAULT_ITERS: usize = 200;
 /// The issue asks for medians of at least this many timed launches.
 const MIN_ITERS: usize = 100;
-/// Timed launches queued behind one head start; few enough that a chunk and its events stay
+/// Timed launches queued behind one gate; few enough that a chunk and its events stay
 /// far below the depth of the driver's launch queue, so queueing never blocks the host.
 const CHUNK: usize = 25;
 
 /// What the rotating copies of a shape's tensors hold together, at least: five times the L2 of
 /// an H100 or H200 (50 MB), so that each launch reads memory, not cache.
 const ROTATION_BYTES: u64 = 256 << 20;
-
-/// The memset target of the head starts; a memset over it also flushes the L2.
-const SCRATCH_BYTES: usize = 256 << 20;
-/// A head start lasts this many times the host's time to queue the chunk, plus the margin.
-const HEAD_START_FACTOR: f64 = 2.0;
-const HEAD_START_MARGIN_S: f64 = 100e-6;
-/// Tries per chunk, each with a head start four times longer than the last.
-const HEAD_START_TRIES: usize = 3;
-/// The most memsets one head start queues.
-const MAX_MEMSETS: usize = 512;
 
 /// The largest relative error (‖out − ref‖ / ‖ref‖) the check accepts: bf16 outputs rounded
 /// once land near 2e-3.
@@ -258,7 +251,6 @@ fn run() -> Result<bool, String> {
             .field("target", device.target().to_string().as_str())
             .field("driver", format!("{major}.{minor}").as_str())
             .field("bundle", bundle_dir.display().to_string().as_str())
-            .field("memset_us", &(timer.memset_s * 1e6))
             .end()
     );
     eprintln!("making the input noise ...");
@@ -354,7 +346,7 @@ enum Role {
     Input,
     /// Read and updated in place; a copy per set, filled with noise.
     InOut,
-    /// Written; a copy per set, left as it is (poisoned for the check).
+    /// Written; one copy for all sets, left as it is (poisoned for the check).
     Output,
     /// Read; one copy for all sets, filled with noise (norm weights and biases).
     Weight,
@@ -364,7 +356,7 @@ enum Role {
 
 impl Role {
     fn rotated(&self) -> bool {
-        matches!(self, Self::Input | Self::InOut | Self::Output)
+        matches!(self, Self::Input | Self::InOut)
     }
 
     fn read(&self) -> bool {
@@ -904,10 +896,6 @@ struct Timing {
     median_us: f64,
     p10_us: f64,
     p90_us: f64,
-    /// The host's time to queue one launch, from the warm-up.
-    launch_cpu_us: f64,
-    /// Whether every chunk was queued before its head start ran out.
-    queue_ahead: bool,
 }
 
 impl Bench<'_> {
@@ -942,9 +930,7 @@ impl Bench<'_> {
                 record = record
                     .field("median_us", &timing.median_us)
                     .field("p10_us", &timing.p10_us)
-                    .field("p90_us", &timing.p90_us)
-                    .field("launch_cpu_us", &timing.launch_cpu_us)
-                    .field("queue_ahead", &timing.queue_ahead);
+                    .field("p90_us", &timing.p90_us);
             }
             Err(error) => {
                 ok = false;
@@ -1082,7 +1068,17 @@ impl Bench<'_> {
     }
 }
 
-// ---- CUDA events and head starts ---------------------------------------------------------------
+// ---- CUDA events and the gate ---------------------------------------------------------------
+
+/// The event calls of [`Event`], checked up front: cudarc's loader panics on a missing one
+/// (`cuEventElapsedTime_v2` came with CUDA 12.8).
+const EVENT_SYMBOLS: &[&str] = &[
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuEventElapsedTime_v2",
+    "cuEventDestroy_v2",
+];
 
 /// A CUDA event of the current context; destroyed on drop.
 struct Event(sys::CUevent);
@@ -1103,15 +1099,6 @@ impl Event {
         cu("cuEventRecord", unsafe {
             sys::cuEventRecord(self.0, ptr::null_mut())
         })
-    }
-
-    /// Whether the GPU has not reached the event yet.
-    fn pending(&self) -> Result<bool, String> {
-        // SAFETY: the event is live and recorded.
-        match unsafe { sys::cuEventQuery(self.0) } {
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(true),
-            result => cu("cuEventQuery", result).map(|()| false),
-        }
     }
 
     fn synchronize(&self) -> Result<(), String> {
@@ -1146,63 +1133,110 @@ fn cu(call: &str, result: sys::CUresult) -> Result<(), String> {
     }
 }
 
-/// Times launches with an event between each two, in chunks queued behind head starts.
+/// Holds the default stream back while the host queues work: the stream waits until a word
+/// of pinned host memory reaches the turn of the current hold, and the host writes it when the
+/// hold ends. Unlike a head start of busy work, it needs no guess of how long queueing takes
+/// and touches no memory the kernels use.
+struct Gate {
+    /// The word, in host memory mapped for the device.
+    word: *mut u32,
+    /// The same word as the device addresses it.
+    device_word: sys::CUdeviceptr,
+    /// The turn of the last hold.
+    turn: Cell<u32>,
+}
+
+impl Gate {
+    /// The driver calls a gate makes, checked up front: cudarc's loader panics on a missing one.
+    const SYMBOLS: &[&str] = &[
+        "cuMemHostAlloc",
+        "cuMemHostGetDevicePointer_v2",
+        "cuMemFreeHost",
+        "cuStreamWaitValue32_v2",
+    ];
+
+    fn new(cuda: &CudaDriver) -> Result<Self, String> {
+        cuda.require(Self::SYMBOLS).map_err(text)?;
+        let mut host = ptr::null_mut();
+        // SAFETY: `host` is a valid place for the pointer; 4 bytes hold the word.
+        cu("cuMemHostAlloc", unsafe {
+            sys::cuMemHostAlloc(&mut host, 4, sys::CU_MEMHOSTALLOC_DEVICEMAP)
+        })?;
+        let word = host.cast::<u32>();
+        let mut gate = Self {
+            word,
+            device_word: 0,
+            turn: Cell::new(0),
+        };
+        // SAFETY: `word` is pinned host memory of this process, aligned and live until drop.
+        unsafe { word.write_volatile(0) };
+        // SAFETY: `host` came from cuMemHostAlloc with DEVICEMAP; flags must be 0.
+        cu("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut gate.device_word, host, 0)
+        })?;
+        Ok(gate)
+    }
+
+    /// Queues a wait on the default stream that lasts until the returned hold is dropped.
+    fn hold(&self) -> Result<Hold<'_>, String> {
+        let turn = self.turn.get().wrapping_add(1);
+        self.turn.set(turn);
+        // SAFETY: the word is live device-mapped memory; the null stream is the default
+        // stream, where the launches go. Turns only grow (a wrap takes 4 billion chunks).
+        cu("cuStreamWaitValue32", unsafe {
+            sys::cuStreamWaitValue32_v2(
+                ptr::null_mut(),
+                self.device_word,
+                turn,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            )
+        })?;
+        Ok(Hold { gate: self, turn })
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once; every hold has ended (they
+        // borrow the gate) and the timer synchronised after the last one.
+        let _ = unsafe { sys::cuMemFreeHost(self.word.cast()) };
+    }
+}
+
+/// A wait of the default stream on a [`Gate`]; the GPU goes on when it is dropped, also when
+/// queueing failed half-way.
+struct Hold<'a> {
+    gate: &'a Gate,
+    turn: u32,
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        // Everything queued before this point is in the stream ahead of the wait's end.
+        fence(Ordering::SeqCst);
+        // SAFETY: the word is live pinned memory that only this thread writes.
+        unsafe { self.gate.word.write_volatile(self.turn) };
+    }
+}
+
+/// Times launches with an event between each two, in chunks queued behind a [`Gate`].
 struct Timer<'a> {
     device: &'a Device,
-    scratch: DeviceBuffer,
-    /// Device seconds of one memset over `scratch`.
-    memset_s: f64,
+    gate: Gate,
     /// `CHUNK + 1` events around the launches of a chunk.
     events: Vec<Event>,
-    /// The event after a chunk's head start.
-    ahead: Event,
 }
 
 impl<'a> Timer<'a> {
     fn new(cuda: &CudaDriver, device: &'a Device) -> Result<Self, String> {
-        let scratch = device
-            .alloc(ScalarType::U32, SCRATCH_BYTES / 4)
-            .map_err(|e| {
-                format!(
-                    "allocating the {} MB head-start scratch: {e}",
-                    SCRATCH_BYTES >> 20
-                )
-            })?;
-        // `time_on_device` checks that the driver has the event calls (an old one lacks
-        // cuEventElapsedTime_v2) before the raw calls below would find out by panicking.
-        let mut samples = Vec::new();
-        for _ in 0..6 {
-            let (memset, seconds) = cuda
-                .time_on_device(device.ordinal(), StreamHandle::DEFAULT, || memset(&scratch))
-                .map_err(text)?;
-            memset?;
-            samples.push(seconds.as_secs_f64());
-        }
-        // The first one pays for touching fresh memory.
-        let memset_s = Stats::of(samples.get(1..).unwrap_or(&[])).median;
-        if memset_s.is_nan() || memset_s <= 0.0 {
-            return Err(format!(
-                "a memset of {} MB took {memset_s} s, which cannot pace the head starts",
-                SCRATCH_BYTES >> 20
-            ));
-        }
+        cuda.require(EVENT_SYMBOLS).map_err(text)?;
         Ok(Self {
             device,
-            scratch,
-            memset_s,
+            gate: Gate::new(cuda)?,
             events: (0..=CHUNK)
                 .map(|_| Event::new())
                 .collect::<Result<_, _>>()?,
-            ahead: Event::new()?,
         })
-    }
-
-    /// Queues memsets that keep the GPU busy for about `seconds`.
-    fn head_start(&self, seconds: f64) -> Result<(), String> {
-        let count = (seconds / self.memset_s)
-            .ceil()
-            .clamp(1.0, MAX_MEMSETS as f64) as usize;
-        (0..count).try_for_each(|_| memset(&self.scratch))
     }
 
     /// Runs `launch(i)` for [`WARMUP`] untimed launches and `iters` timed ones (`i` counting on
@@ -1212,36 +1246,23 @@ impl<'a> Timer<'a> {
         mut launch: impl FnMut(usize) -> Result<(), String>,
         iters: usize,
     ) -> Result<Timing, String> {
-        let queued = Instant::now();
         (0..WARMUP).try_for_each(&mut launch)?;
-        let launch_cpu_s = queued.elapsed().as_secs_f64() / WARMUP as f64;
         self.device.synchronize().map_err(text)?;
 
         let (first, rest) = self.events.split_first().ok_or("the timer has no events")?;
         let mut samples = Vec::with_capacity(iters);
-        let mut queue_ahead = true;
         let mut done = 0;
         while done < iters {
             let chunk = rest.get(..CHUNK.min(iters - done)).unwrap_or(rest);
-            let mut head =
-                HEAD_START_FACTOR * chunk.len() as f64 * launch_cpu_s + HEAD_START_MARGIN_S;
-            for attempt in 1..=HEAD_START_TRIES {
-                self.head_start(head)?;
-                self.ahead.record()?;
+            {
+                let _hold = self.gate.hold()?;
                 first.record()?;
                 for (j, event) in chunk.iter().enumerate() {
                     launch(WARMUP + done + j)?;
                     event.record()?;
                 }
-                // Still in the head start with everything queued: the GPU never waited.
-                let ahead = self.ahead.pending()?;
-                chunk.last().unwrap_or(first).synchronize()?;
-                if ahead || attempt == HEAD_START_TRIES {
-                    queue_ahead &= ahead;
-                    break;
-                }
-                head *= 4.0;
             }
+            chunk.last().unwrap_or(first).synchronize()?;
             let mut start = first;
             for end in chunk {
                 samples.push(start.seconds_to(end)?);
@@ -1254,19 +1275,8 @@ impl<'a> Timer<'a> {
             median_us: stats.median * 1e6,
             p10_us: stats.p10 * 1e6,
             p90_us: stats.p90 * 1e6,
-            launch_cpu_us: launch_cpu_s * 1e6,
-            queue_ahead,
         })
     }
-}
-
-/// Queues a memset over all of `scratch` on the default stream.
-fn memset(scratch: &DeviceBuffer) -> Result<(), String> {
-    // SAFETY: the scratch buffer is live and holds `len` 32-bit words; the memset goes on the
-    // default stream like the launches. The value is bf16 1.0 twice: not zeros.
-    cu("cuMemsetD32Async", unsafe {
-        sys::cuMemsetD32Async(scratch.ptr().0, 0x3f80_3f80, scratch.len(), ptr::null_mut())
-    })
 }
 
 // ---- JSON lines --------------------------------------------------------------------------------
