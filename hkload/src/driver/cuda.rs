@@ -69,9 +69,10 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuGetErrorString",
 ];
 
-/// The entry points of [`CudaDriver::time_on_device`], checked when it is first used so that
-/// a driver older than CUDA 12.8 (which added `cuEventElapsedTime_v2`) can still launch.
-const EVENT_SYMBOLS: &[&str] = &[
+/// The event entry points of [`CudaDriver::time_on_device`], checked when it is first used so
+/// that a driver older than CUDA 12.8 (which added `cuEventElapsedTime_v2`) can still launch.
+/// Code that times with events through [`sys`] checks them with [`CudaDriver::require`].
+pub const EVENT_SYMBOLS: &[&str] = &[
     "cuEventCreate",
     "cuEventRecord",
     "cuEventSynchronize",

@@ -48,7 +48,7 @@ use hk_tests::kernels::softmax::softmax;
 use hk_tests::kernels::topk::{self, topk};
 use hk_tests::timing::Stats;
 use hkload::abi::{ScalarType, ScalarValue};
-use hkload::driver::cuda::sys;
+use hkload::driver::cuda::{EVENT_SYMBOLS, sys};
 use hkload::driver::{CudaDriver, DevicePtr, LaunchDims, StreamHandle};
 use hkload::{Arg, Bundle, Device, DeviceBuffer, Kernel, RawPointer};
 use rand::rngs::StdRng;
@@ -1070,16 +1070,6 @@ impl Bench<'_> {
 
 // ---- CUDA events and the gate ---------------------------------------------------------------
 
-/// The event calls of [`Event`], checked up front: cudarc's loader panics on a missing one
-/// (`cuEventElapsedTime_v2` came with CUDA 12.8).
-const EVENT_SYMBOLS: &[&str] = &[
-    "cuEventCreate",
-    "cuEventRecord",
-    "cuEventSynchronize",
-    "cuEventElapsedTime_v2",
-    "cuEventDestroy_v2",
-];
-
 /// A CUDA event of the current context; destroyed on drop.
 struct Event(sys::CUevent);
 
@@ -1229,6 +1219,7 @@ struct Timer<'a> {
 
 impl<'a> Timer<'a> {
     fn new(cuda: &CudaDriver, device: &'a Device) -> Result<Self, String> {
+        // cudarc's loader panics on a missing entry point; `require` reports it instead.
         cuda.require(EVENT_SYMBOLS).map_err(text)?;
         Ok(Self {
             device,
