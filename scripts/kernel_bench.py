@@ -342,9 +342,12 @@ def torch_ops(torch) -> dict[str, Op]:
     def fused_add_rmsnorm(p):
         cols, eps = p["cols"], p["eps"]
 
+        # In place, as ours (and vLLM's fused_add_rms_norm) updates the residual: a new tensor
+        # for the sum would come from the caching allocator, the same block each iteration,
+        # and spare PyTorch the writes to the rotated residual copies that ours makes.
         def fused(x, residual, weight):
-            summed = x + residual
-            return F.rms_norm(summed, (cols,), weight, eps), summed
+            residual.add_(x)
+            return F.rms_norm(residual, (cols,), weight, eps), residual
 
         return fused
 
