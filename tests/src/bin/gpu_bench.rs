@@ -521,11 +521,12 @@ fn measure(variants: &mut [Variant<'_>]) -> Result<(), String> {
 }
 
 struct ColdStart {
+    /// Every variant's name and statistics, in the order they are measured and printed.
+    rows: Vec<(String, Stats)>,
     verify_on: Stats,
     verify_off: Stats,
     raw: Stats,
     raw_file: Stats,
-    ptx: Option<Stats>,
     reps: (usize, usize),
     /// Phase medians of the first three rows, named by [`HKLOAD_PHASES`] and [`RAW_PHASES`].
     phases: [Vec<f64>; 3],
@@ -585,11 +586,14 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
     }
     measure(&mut variants)?;
     Ok(ColdStart {
+        rows: variants
+            .iter()
+            .map(|variant| (variant.name.clone(), variant.stats()))
+            .collect(),
         verify_on: variants[0].stats(),
         verify_off: variants[1].stats(),
         raw: variants[2].stats(),
         raw_file: variants[3].stats(),
-        ptx: variants.get(4).map(Variant::stats),
         reps: (COLD_REPS, PTX_REPS),
         phases: [0, 1, 2].map(|i| variants[i].phase_medians()),
     })
@@ -795,16 +799,8 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
             stats.median / cold.raw.median
         )
     };
-    row("hkload, verify on", cold.verify_on);
-    row("hkload, verify off", cold.verify_off);
-    row(
-        &format!("raw cuModuleLoadData, {}", images.chosen_kind()),
-        cold.raw,
-    );
-    let file_row = format!("raw cuModuleLoad, {} file", images.chosen_kind());
-    row(&file_row, cold.raw_file);
-    if let Some(ptx) = cold.ptx {
-        row("raw cuModuleLoadData, PTX (JIT)", ptx);
+    for (name, stats) in &cold.rows {
+        row(name, *stats);
     }
     let split = |names: &[&str], medians: &[f64]| {
         let parts: Vec<String> = names
@@ -839,8 +835,8 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
         );
     }
     println!(
-        "    beside it: hkload (verify off) / {file_row}: {:.2}x (no target; the file is read \
-         from the page cache, as hkload's are)",
+        "    beside it: hkload (verify off) / raw cuModuleLoad of the file: {:.2}x (no target; \
+         the file is read from the page cache, as hkload's are)",
         cold.verify_off.median / cold.raw_file.median
     );
     println!(
