@@ -6,13 +6,15 @@
 //! # A walk-through
 //!
 //! **1. Open a bundle.** [`Bundle::open`] reads the bundle's index (`bundle.msgpack`, the
-//! binary twin of its `bundle.toml`) and checks its format version; module files are mapped
-//! when first used. Nothing touches a GPU or the network. A bundle embedded in the program
-//! with `include_bytes!` opens with [`Bundle::from_bytes`].
+//! binary twin of its `bundle.toml`), checks its format version and its lookup table, and
+//! decodes nothing else: the full manifest when [`Bundle::manifest`] asks for it, module
+//! files when first used. Nothing touches a GPU or the network. A bundle embedded in the
+//! program with `include_bytes!` opens with [`Bundle::from_bytes`].
 //!
 //! ```no_run
 //! let bundle = hkload::Bundle::open("dist/hk-kernels-0.1.0")?;
-//! println!("{} kernels", bundle.manifest().kernel_symbols().count());
+//! println!("{} kernels", bundle.table().kernel_symbols().count());
+//! println!("built by {}", bundle.manifest()?.toolchain.clang);
 //! # Ok::<(), hkload::Error>(())
 //! ```
 //!

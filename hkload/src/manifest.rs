@@ -5,7 +5,7 @@
 //! module is first used.
 //!
 //! ```toml
-//! format_version = "1.1"
+//! format_version = "1.2"
 //! targets = ["gfx90a", "gfx942", "gfx950", "sm_80", "sm_90"]
 //!
 //! [package]
@@ -59,9 +59,9 @@ pub const ABI_EXTENSION: &str = "abi.toml";
 
 /// The bundle format this crate writes. Readers accept any minor version of the same major.
 ///
-/// 1.1 added the index, `bundle.msgpack` (see [`crate::index`]); 1.0 bundles have only the TOML
-/// files, and hkload still reads them.
-pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 1 };
+/// 1.1 added the index, `bundle.msgpack` (see [`crate::index`]), and 1.2 its lookup table;
+/// hkload still reads 1.0 bundles (TOML files only) and 1.1 ones.
+pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 2 };
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -387,14 +387,7 @@ impl BundleManifest {
         }
         for module in &self.modules {
             for file in [&module.file, &module.abi_file] {
-                let plain_name =
-                    !file.is_empty() && !file.starts_with('.') && !file.contains(['/', '\\']);
-                if !plain_name {
-                    return Err(ManifestError::Invalid(format!(
-                        "module `{}` names file `{file}`, which is not a plain file name in the bundle folder",
-                        module.name
-                    )));
-                }
+                check_file_name(&module.name, file)?;
             }
             if let Some(id) = first_duplicate(module.entries.iter().map(|e| e.id)) {
                 return Err(ManifestError::Invalid(format!(
@@ -410,6 +403,18 @@ impl BundleManifest {
         }
         Ok(())
     }
+}
+
+/// Checks that `file`, named by module `module`, is a plain file name in the bundle folder:
+/// nothing a bundle names may lie outside it.
+pub(crate) fn check_file_name(module: &str, file: &str) -> Result<(), ManifestError> {
+    let plain = !file.is_empty() && !file.starts_with('.') && !file.contains(['/', '\\']);
+    if plain {
+        return Ok(());
+    }
+    Err(ManifestError::Invalid(format!(
+        "module `{module}` names file `{file}`, which is not a plain file name in the bundle folder"
+    )))
 }
 
 /// The smallest item that occurs more than once. Sorting a few dozen names is cheaper than

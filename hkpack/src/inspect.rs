@@ -24,7 +24,7 @@ pub struct Row {
 
 /// The rows for `bundle`, modules and kernels in manifest order, targets in build order.
 pub fn rows(bundle: &Bundle) -> Result<Vec<Row>, hkload::Error> {
-    let manifest = bundle.manifest();
+    let manifest = bundle.manifest()?;
     let mut rows = Vec::new();
     for module in &manifest.modules {
         for target in &manifest.targets {

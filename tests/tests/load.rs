@@ -5,11 +5,13 @@ mod common;
 
 use std::sync::Arc;
 
+use sha2::Digest;
+
 use common::*;
 use hkload::abi::{ParamType, ScalarType, ScalarValue};
 use hkload::driver::{ImageKind, LaunchDims, Recorded, RecordingDriver, StreamHandle};
 use hkload::index::Index;
-use hkload::manifest::ModuleAbi;
+use hkload::manifest::{FORMAT_VERSION, ModuleAbi};
 use hkload::target::TargetId;
 use hkload::{Arg, Bundle, Device, Error, LaunchError, OpenOptions};
 
@@ -81,7 +83,7 @@ fn each_device_gets_the_entry_the_rocm_and_cuda_rules_pick() {
                 _ => None,
             })
             .collect();
-        assert_eq!(loads.len(), bundle.manifest().modules.len());
+        assert_eq!(loads.len(), bundle.manifest().unwrap().modules.len());
         for (loaded_kind, image) in loads {
             assert_eq!(loaded_kind, kind);
             match kind {
@@ -336,7 +338,7 @@ fn modules_load_once_under_concurrent_first_use() {
     let bundle = Bundle::open(bundle_dir).unwrap();
     let (driver, device) = simulated("gfx942:sramecc+:xnack-");
     let loaded = bundle.load(&device).unwrap();
-    let symbols: Vec<&str> = bundle.manifest().kernel_symbols().collect();
+    let symbols: Vec<&str> = bundle.table().kernel_symbols().collect();
     std::thread::scope(|s| {
         for _ in 0..8 {
             s.spawn(|| {
@@ -351,7 +353,7 @@ fn modules_load_once_under_concurrent_first_use() {
         .iter()
         .filter(|r| matches!(r, Recorded::Load { .. }))
         .count();
-    assert_eq!(loads, bundle.manifest().modules.len());
+    assert_eq!(loads, bundle.table().modules().len());
     fn send_sync<T: Send + Sync>() {}
     send_sync::<hkload::Kernel>();
     send_sync::<hkload::LoadedBundle>();
@@ -503,7 +505,10 @@ fn a_bundle_without_its_index_reads_its_toml_files_and_checks_them() {
         OpenOptions::default(),
     )
     .unwrap();
-    assert_eq!(from_index.manifest(), from_toml.manifest());
+    assert_eq!(
+        from_index.manifest().unwrap(),
+        from_toml.manifest().unwrap()
+    );
     assert_eq!(
         from_index.kernel_records().unwrap(),
         from_toml.kernel_records().unwrap()
@@ -523,28 +528,99 @@ fn a_bundle_without_its_index_reads_its_toml_files_and_checks_them() {
 }
 
 #[test]
+fn an_index_from_before_the_lookup_table_still_opens() {
+    let (_package, dir) = small_bundle(false);
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    let (index, module) = (read("bundle.msgpack"), leak(read("scale.hipfb")));
+
+    // The same index as format 1.1 wrote it: version, digest, records, and no table. The
+    // version strings are MessagePack fixstr (0xa3 and three bytes), at the file's start and
+    // at the records' (a 2-array holding the manifest, an array whose first field it is); the
+    // digest is a bin8 of 32 bytes.
+    let version = [&[0xa3][..], FORMAT_VERSION.to_string().as_bytes()].concat();
+    assert_eq!(index[..4], version);
+    let records_start = 4 + 2 + 32;
+    let table_size = u32::from_le_bytes(index[index.len() - 8..][..4].try_into().unwrap());
+    let table_header = if table_size < 256 { 2 } else { 3 };
+    let mut records =
+        index[records_start..index.len() - table_size as usize - table_header].to_vec();
+    assert_eq!(records[2..6], version);
+    records[2..6].copy_from_slice(b"\xa31.1");
+    let digest = sha2::Sha256::digest(&records);
+    let old = [b"\xa31.1", &[0xc4, 32][..], &digest, &records].concat();
+
+    let now = Bundle::from_bytes(&[("bundle.msgpack", leak(index))], OpenOptions::default());
+    let before = Bundle::from_bytes(
+        &[("bundle.msgpack", leak(old.clone()))],
+        OpenOptions::default(),
+    );
+    let (now, before) = (now.unwrap(), before.unwrap());
+    assert_eq!(before.manifest().unwrap().format_version.to_string(), "1.1");
+    assert_eq!(now.table().bytes(), before.table().bytes());
+    assert_eq!(
+        now.kernel_records().unwrap(),
+        before.kernel_records().unwrap()
+    );
+    let files = |index| [("bundle.msgpack", index), ("scale.hipfb", module)];
+    assert_eq!(
+        load_everywhere(&files(leak(old)), OpenOptions::default()).unwrap(),
+        load_everywhere(&files(leak(read("bundle.msgpack"))), OpenOptions::default()).unwrap()
+    );
+}
+
+#[test]
+fn the_lookup_table_is_checked_against_the_records() {
+    let (_package, dir) = small_bundle(false);
+    let index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
+    // The module file's name in the table (the records hold it too, earlier in the file).
+    let at = index
+        .windows(11)
+        .rposition(|w| w == b"scale.hipfb")
+        .unwrap();
+    let mut damaged = index.clone();
+    damaged[at + 10] = b'c';
+    let damaged = leak(damaged);
+
+    let error = Bundle::from_bytes(&[("bundle.msgpack", damaged)], OpenOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("SHA-256 does not match"), "{error}");
+    // Unverified, the table is trusted until the manifest is asked for.
+    let bundle = Bundle::from_bytes(&[("bundle.msgpack", damaged)], UNVERIFIED).unwrap();
+    let error = bundle.manifest().unwrap_err().to_string();
+    assert!(
+        error.contains("lookup table does not agree with its records"),
+        "{error}"
+    );
+}
+
+#[test]
 fn a_newer_format_and_a_missing_file_are_clear_errors() {
     let (_package, dir) = small_bundle(true);
     let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
-    let newer_major = "bundle format 2.0 is newer than this hkload reads (1.1)";
+    let newer_major =
+        format!("bundle format 2.0 is newer than this hkload reads ({FORMAT_VERSION})");
 
     let manifest = String::from_utf8(read("bundle.toml")).unwrap();
-    let newer = manifest.replace("format_version = \"1.1\"", "format_version = \"2.0\"");
+    let newer = manifest.replace(
+        &format!("format_version = \"{FORMAT_VERSION}\""),
+        "format_version = \"2.0\"",
+    );
     assert_ne!(newer, manifest);
     let error =
         Bundle::from_bytes(&[("bundle.toml", leak(newer.into_bytes()))], UNVERIFIED).unwrap_err();
-    assert!(error.to_string().contains(newer_major), "{error}");
+    assert!(error.to_string().contains(&newer_major), "{error}");
 
-    let index = Index::decode(read("bundle.msgpack"), true).unwrap();
-    let abis: Vec<ModuleAbi> = (0..index.manifest.modules.len())
+    let index = Index::open(read("bundle.msgpack"), true).unwrap();
+    let abis: Vec<ModuleAbi> = (0..index.table().modules().len())
         .map(|i| index.module_abi(i).unwrap())
         .collect();
-    let mut manifest = index.manifest.clone();
+    let mut manifest = index.manifest().unwrap().clone();
     manifest.format_version = "2.0".parse().unwrap();
     let newer = leak(Index::encode(&manifest, &abis));
     let error =
         Bundle::from_bytes(&[("bundle.msgpack", newer)], OpenOptions::default()).unwrap_err();
-    assert!(error.to_string().contains(newer_major), "{error}");
+    assert!(error.to_string().contains(&newer_major), "{error}");
 
     let error = Bundle::from_bytes(&[], OpenOptions::default()).unwrap_err();
     assert!(

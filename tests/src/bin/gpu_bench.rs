@@ -127,7 +127,7 @@ fn run() -> Result<bool, String> {
         Some(name) => cases.into_iter().find(|case| &case.kernel == name),
         None => cases
             .into_iter()
-            .find(|case| bundle.manifest().module_of(&case.kernel).is_some()),
+            .find(|case| bundle.table().find_kernel(&case.kernel).is_some()),
     }
     .ok_or_else(|| match &options.kernel {
         Some(name) => format!("hk_tests has no test case for kernel `{name}`"),
@@ -239,6 +239,7 @@ impl Images {
     fn read(dir: &Path, bundle: &Bundle, device: &Device, kernel: &str) -> Result<Self, String> {
         let module = bundle
             .manifest()
+            .map_err(text)?
             .module_of(kernel)
             .ok_or_else(|| format!("the bundle has no kernel `{kernel}`"))?;
         let file = std::fs::read(dir.join(&module.file)).map_err(text)?;

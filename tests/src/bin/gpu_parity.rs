@@ -86,7 +86,8 @@ fn run() -> Result<bool, String> {
         device.target()
     );
     let bundle = Bundle::open(&options.bundle).map_err(|e| e.to_string())?;
-    let package = &bundle.manifest().package;
+    let manifest = bundle.manifest().map_err(|e| e.to_string())?;
+    let package = &manifest.package;
     println!(
         "bundle {} ({} {})",
         options.bundle.display(),
@@ -119,7 +120,7 @@ fn run() -> Result<bool, String> {
     let mut passed = 0usize;
     let mut failed = 0usize;
     let mut without_case = Vec::new();
-    for symbol in bundle.manifest().kernel_symbols() {
+    for symbol in manifest.kernel_symbols() {
         let kernel_cases: Vec<&Case> = cases.iter().filter(|c| c.kernel == symbol).collect();
         if kernel_cases.is_empty() {
             without_case.push(symbol);
@@ -130,7 +131,7 @@ fn run() -> Result<bool, String> {
         failed += report.failures.len();
         println!("{report}");
     }
-    let known = |case: &&Case| bundle.manifest().module_of(&case.kernel).is_some();
+    let known = |case: &&Case| manifest.module_of(&case.kernel).is_some();
     for case in cases.iter().filter(|case| !known(case)) {
         failed += 1;
         println!(

@@ -1,0 +1,702 @@
+//! The index's lookup table: what hkload needs from the manifest between opening a bundle and
+//! launching a kernel (each module's file and code images, each kernel's name and where its
+//! record lies), in a fixed little-endian layout that is read where it lies.
+//!
+//! Why a third form of the same records: decoding the whole manifest at open (some 130 small
+//! allocations, forty entry IDs parsed, names sorted for duplicates) took 25 µs with warm
+//! caches and 60 µs with cold ones on the H100 machine, the largest part of hkload's cold-start
+//! overhead over a raw driver load. Reading this table checks its bounds and parses the few
+//! distinct entry IDs, and allocates once. The manifest it was made from is decoded only when
+//! asked for, and checked then against this table.
+//!
+//! Layout, every number little-endian, nothing aligned:
+//!
+//! | part | what |
+//! |---|---|
+//! | [`Header`] | magic `HKLT`, package name and version, the count of each part below |
+//! | ID rows | each distinct entry ID of the bundle, as text ([`Span`] of the text) |
+//! | [`ModuleRow`]s | the manifest's modules, in its order |
+//! | [`EntryRow`]s | each module's entries, module after module |
+//! | [`KernelRow`]s | each module's kernels, module after module, in the manifest's order |
+//! | text | UTF-8: every name the rows point into |
+//! | [`Footer`] | the table's size and the magic again, so the table is found from the file's end |
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+use crate::file::FileBytes;
+use crate::manifest::{BundleManifest, ManifestError, Sha256Digest, check_file_name};
+use crate::target::EntryId;
+
+const MAGIC: [u8; 4] = *b"HKLT";
+
+/// Where something lies: in the table's text, among its rows, or in the index file.
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct Span {
+    start: U32,
+    len: U32,
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct Header {
+    magic: [u8; 4],
+    package: Span,
+    version: Span,
+    ids: U32,
+    modules: U32,
+    entries: U32,
+    kernels: U32,
+    text: U32,
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct ModuleRow {
+    name: Span,
+    file: Span,
+    size: U64,
+    /// 1 for a compressed (`CCOB`) module file, 0 for a plain one.
+    compressed: u8,
+    /// The module's [`EntryRow`]s.
+    entries: Span,
+    /// The module's [`KernelRow`]s.
+    kernels: Span,
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct EntryRow {
+    /// Which of the table's entry IDs.
+    id: U32,
+    size: U64,
+    sha256: [u8; 32],
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct KernelRow {
+    symbol: Span,
+    /// The kernel's record in the index file; empty in a table built from TOML files.
+    record: Span,
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct Footer {
+    /// The whole table's size, header to footer.
+    size: U32,
+    magic: [u8; 4],
+}
+
+/// A lookup table whose bounds have been checked: every span lies inside its part, every text
+/// is UTF-8, every module file is a plain name, every entry ID parses.
+pub struct Table {
+    bytes: Arc<FileBytes>,
+    /// Where each part lies in `bytes`.
+    parts: Parts,
+    /// The bundle's distinct entry IDs, parsed; entry rows refer to them by position.
+    ids: Vec<EntryId>,
+}
+
+struct Parts {
+    whole: Range<usize>,
+    ids: Range<usize>,
+    modules: Range<usize>,
+    entries: Range<usize>,
+    kernels: Range<usize>,
+    text: Range<usize>,
+}
+
+/// A module as the table describes it.
+#[derive(Clone, Copy)]
+pub struct Module<'a> {
+    table: &'a Table,
+    row: &'a ModuleRow,
+}
+
+/// A code image of a module, as the table describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub id: EntryId,
+    /// Size of the (uncompressed) image in bytes.
+    pub size: u64,
+    pub sha256: Sha256Digest,
+}
+
+/// Where a kernel is: its module, its place among the module's kernels, its row in the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelAt {
+    pub module: usize,
+    pub position: usize,
+    pub row: usize,
+}
+
+impl Table {
+    /// The table for `manifest`, whose kernels' records lie at `records` in the index file
+    /// (one per kernel, modules in manifest order), or nowhere when `records` is empty.
+    /// The same manifest and records always give the same bytes.
+    pub fn encode(manifest: &BundleManifest, records: &[Range<usize>]) -> Vec<u8> {
+        let mut text = Vec::new();
+        let mut put = |s: &str| Span {
+            start: u32_of(text.len()).into(),
+            len: {
+                text.extend_from_slice(s.as_bytes());
+                u32_of(s.len()).into()
+            },
+        };
+        let package = put(&manifest.package.name);
+        let version = put(&manifest.package.version);
+        let mut ids: Vec<EntryId> = Vec::new();
+        let (mut modules, mut entries, mut kernels) = (Vec::new(), Vec::new(), Vec::new());
+        let mut records = records.iter();
+        for module in &manifest.modules {
+            let module_entries = span(entries.len(), module.entries.len());
+            for entry in &module.entries {
+                let id = ids
+                    .iter()
+                    .position(|id| *id == entry.id)
+                    .unwrap_or_else(|| {
+                        ids.push(entry.id);
+                        ids.len() - 1
+                    });
+                entries.push(EntryRow {
+                    id: u32_of(id).into(),
+                    size: entry.size.into(),
+                    sha256: entry.sha256.0,
+                });
+            }
+            let module_kernels = span(kernels.len(), module.kernels.len());
+            for symbol in &module.kernels {
+                let record = records.next().map_or(0..0, Clone::clone);
+                kernels.push(KernelRow {
+                    symbol: put(symbol),
+                    record: span(record.start, record.len()),
+                });
+            }
+            modules.push(ModuleRow {
+                name: put(&module.name),
+                file: put(&module.file),
+                size: module.size.into(),
+                compressed: module.compressed.into(),
+                entries: module_entries,
+                kernels: module_kernels,
+            });
+        }
+        let id_spans: Vec<Span> = ids.iter().map(|id| put(&id.to_string())).collect();
+        let header = Header {
+            magic: MAGIC,
+            package,
+            version,
+            ids: u32_of(id_spans.len()).into(),
+            modules: u32_of(modules.len()).into(),
+            entries: u32_of(entries.len()).into(),
+            kernels: u32_of(kernels.len()).into(),
+            text: u32_of(text.len()).into(),
+        };
+        let mut table = header.as_bytes().to_vec();
+        table.extend_from_slice(id_spans.as_bytes());
+        table.extend_from_slice(modules.as_bytes());
+        table.extend_from_slice(entries.as_bytes());
+        table.extend_from_slice(kernels.as_bytes());
+        table.extend_from_slice(&text);
+        let size = table.len() + size_of::<Footer>();
+        table.extend_from_slice(
+            Footer {
+                size: u32_of(size).into(),
+                magic: MAGIC,
+            }
+            .as_bytes(),
+        );
+        table
+    }
+
+    /// Where the table lies in `file`, found from the footer at its end.
+    pub fn locate(file: &[u8]) -> Result<Range<usize>, ManifestError> {
+        let footer = Footer::ref_from_suffix(file)
+            .ok()
+            .filter(|(_, footer)| footer.magic == MAGIC)
+            .map(|(_, footer)| footer.size.get() as usize)
+            .filter(|size| (size_of::<Header>() + size_of::<Footer>()..=file.len()).contains(size))
+            .ok_or_else(|| damaged("its lookup table is missing or cut short"))?;
+        Ok(file.len() - footer..file.len())
+    }
+
+    /// Checks the table at `whole` in `bytes`, whose kernels' records must lie within
+    /// `records` (an empty range for a table without them).
+    pub fn read(
+        bytes: Arc<FileBytes>,
+        whole: Range<usize>,
+        records: Range<usize>,
+    ) -> Result<Self, ManifestError> {
+        let table = bytes
+            .get(whole.clone())
+            .ok_or_else(|| damaged("its lookup table lies outside the file"))?;
+        let (header, _) = Header::ref_from_prefix(table)
+            .map_err(|_| damaged("its lookup table is shorter than its header"))?;
+        if header.magic != MAGIC {
+            return Err(damaged("its lookup table does not start with `HKLT`"));
+        }
+        // Each part follows the one before; their sizes must add up to the table's.
+        let mut end = whole.start + size_of::<Header>();
+        let mut part = |count: u32, row_size: usize| {
+            let start = end;
+            end = start.saturating_add((count as usize).saturating_mul(row_size));
+            start..end
+        };
+        let parts = Parts {
+            ids: part(header.ids.get(), size_of::<Span>()),
+            modules: part(header.modules.get(), size_of::<ModuleRow>()),
+            entries: part(header.entries.get(), size_of::<EntryRow>()),
+            kernels: part(header.kernels.get(), size_of::<KernelRow>()),
+            text: part(header.text.get(), 1),
+            whole,
+        };
+        if end.saturating_add(size_of::<Footer>()) != parts.whole.end {
+            return Err(damaged(
+                "its lookup table's parts do not add up to its size",
+            ));
+        }
+        let mut table = Self {
+            bytes,
+            parts,
+            ids: Vec::new(),
+        };
+        table.check(records)?;
+        Ok(table)
+    }
+
+    /// The table for a bundle read from its TOML files (no `records`) or from an index older
+    /// than the table (its kernels' `records`, which lie within `index`), built from its
+    /// manifest.
+    pub fn build(
+        manifest: &BundleManifest,
+        records: &[Range<usize>],
+        index: Range<usize>,
+    ) -> Result<Self, ManifestError> {
+        let bytes = Self::encode(manifest, records);
+        let whole = 0..bytes.len();
+        Self::read(Arc::new(bytes.into()), whole, index)
+    }
+
+    /// The table's bytes, header to footer.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes[self.parts.whole.clone()]
+    }
+
+    /// The package's name and version.
+    pub fn package(&self) -> (&str, &str) {
+        let header = self.header();
+        (self.text(header.package), self.text(header.version))
+    }
+
+    pub fn modules(&self) -> impl ExactSizeIterator<Item = Module<'_>> + Clone {
+        self.module_rows()
+            .iter()
+            .map(|row| Module { table: self, row })
+    }
+
+    pub fn module(&self, index: usize) -> Option<Module<'_>> {
+        self.module_rows()
+            .get(index)
+            .map(|row| Module { table: self, row })
+    }
+
+    /// Where kernel `symbol` is. A scan of a few hundred names costs less than building a map
+    /// at every open.
+    pub fn find_kernel(&self, symbol: &str) -> Option<KernelAt> {
+        let row = self
+            .kernel_rows()
+            .iter()
+            .position(|kernel| self.text(kernel.symbol) == symbol)?;
+        self.modules().enumerate().find_map(|(module, m)| {
+            let rows = range(m.row.kernels);
+            rows.contains(&row).then(|| KernelAt {
+                module,
+                position: row - rows.start,
+                row,
+            })
+        })
+    }
+
+    /// Every kernel's symbol, modules in manifest order.
+    pub fn kernel_symbols(&self) -> impl Iterator<Item = &str> {
+        self.kernel_rows()
+            .iter()
+            .map(|kernel| self.text(kernel.symbol))
+    }
+
+    /// The symbol of the kernel in table row `row`, and where its record lies in the index.
+    pub fn kernel(&self, row: usize) -> Option<(&str, Range<usize>)> {
+        let kernel = self.kernel_rows().get(row)?;
+        Some((self.text(kernel.symbol), range(kernel.record)))
+    }
+
+    fn check(&mut self, records: Range<usize>) -> Result<(), ManifestError> {
+        let text = std::str::from_utf8(&self.bytes[self.parts.text.clone()])
+            .map_err(|_| damaged("its lookup table's text is not UTF-8"))?;
+        let text_ok = |span: Span| {
+            text.get(range(span))
+                .map(drop)
+                .ok_or_else(|| damaged("a name lies outside its text or splits a character"))
+        };
+        // Every row's spans, before any is followed.
+        let header = self.header();
+        text_ok(header.package)?;
+        text_ok(header.version)?;
+        for &id in self.id_rows() {
+            text_ok(id)?;
+        }
+        let (entries, kernels) = (self.entry_rows().len(), self.kernel_rows().len());
+        let (mut next_entry, mut next_kernel) = (0, 0);
+        for module in self.module_rows() {
+            text_ok(module.name)?;
+            text_ok(module.file)?;
+            // The modules' rows follow each other, so a row belongs to one module only.
+            let (own_entries, own_kernels) = (range(module.entries), range(module.kernels));
+            if own_entries.start != next_entry || own_kernels.start != next_kernel {
+                return Err(damaged("its modules' rows are out of order"));
+            }
+            (next_entry, next_kernel) = (own_entries.end, own_kernels.end);
+            if module.compressed > 1 {
+                return Err(damaged("a module is neither compressed nor plain"));
+            }
+        }
+        if (next_entry, next_kernel) != (entries, kernels) {
+            return Err(damaged("its modules do not own all its rows"));
+        }
+        for entry in self.entry_rows() {
+            if entry.id.get() as usize >= self.id_rows().len() {
+                return Err(damaged("an entry names an ID the table does not have"));
+            }
+        }
+        for kernel in self.kernel_rows() {
+            text_ok(kernel.symbol)?;
+            let record = range(kernel.record);
+            let inside = records.start <= record.start && record.end <= records.end;
+            if !record.is_empty() && !inside {
+                return Err(damaged(
+                    "a kernel's record lies outside the index's records",
+                ));
+            }
+        }
+        // The rows are sound; now what they say.
+        self.ids = self
+            .id_rows()
+            .iter()
+            .map(|&id| self.text(id).parse())
+            .collect::<Result<_, _>>()
+            .map_err(|e| damaged(&format!("its lookup table holds a bad entry ID: {e}")))?;
+        for module in self.modules() {
+            check_file_name(module.name(), module.file())?;
+            let rows = &self.entry_rows()[range(module.row.entries)];
+            for (i, entry) in rows.iter().enumerate() {
+                if rows[..i].iter().any(|other| other.id == entry.id) {
+                    return Err(ManifestError::Invalid(format!(
+                        "module `{}` lists entry `{}` twice",
+                        module.name(),
+                        self.ids[entry.id.get() as usize]
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn header(&self) -> &Header {
+        let bytes = &self.bytes[self.parts.whole.clone()];
+        Header::ref_from_prefix(bytes).map_or_else(|_| unreachable_layout(), |(header, _)| header)
+    }
+
+    fn id_rows(&self) -> &[Span] {
+        self.rows(&self.parts.ids)
+    }
+
+    fn module_rows(&self) -> &[ModuleRow] {
+        self.rows(&self.parts.modules)
+    }
+
+    fn entry_rows(&self) -> &[EntryRow] {
+        self.rows(&self.parts.entries)
+    }
+
+    fn kernel_rows(&self) -> &[KernelRow] {
+        self.rows(&self.parts.kernels)
+    }
+
+    fn rows<T: FromBytes + Immutable + KnownLayout + Unaligned>(
+        &self,
+        part: &Range<usize>,
+    ) -> &[T] {
+        <[T]>::ref_from_bytes(&self.bytes[part.clone()]).unwrap_or_else(|_| unreachable_layout())
+    }
+
+    /// Text the checks at [`Table::read`] found inside the text and UTF-8.
+    fn text(&self, span: Span) -> &str {
+        let text = &self.bytes[self.parts.text.clone()];
+        std::str::from_utf8(&text[range(span)]).unwrap_or_else(|_| unreachable_layout())
+    }
+}
+
+impl<'a> Module<'a> {
+    pub fn name(&self) -> &'a str {
+        self.table.text(self.row.name)
+    }
+
+    /// The module file's name inside the bundle folder.
+    pub fn file(&self) -> &'a str {
+        self.table.text(self.row.file)
+    }
+
+    /// The module file's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.row.size.get()
+    }
+
+    /// Whether the module file is a compressed (`CCOB`) bundle.
+    pub fn compressed(&self) -> bool {
+        self.row.compressed == 1
+    }
+
+    pub fn entries(&self) -> impl ExactSizeIterator<Item = Entry> + 'a {
+        let table = self.table;
+        table.entry_rows()[range(self.row.entries)]
+            .iter()
+            .map(|row| Entry {
+                id: table.ids[row.id.get() as usize],
+                size: row.size.get(),
+                sha256: Sha256Digest(row.sha256),
+            })
+    }
+
+    pub fn entry_ids(&self) -> Vec<EntryId> {
+        self.entries().map(|entry| entry.id).collect()
+    }
+
+    pub fn kernel_count(&self) -> usize {
+        self.row.kernels.len.get() as usize
+    }
+
+    /// The table row of the module's kernel at `position`.
+    pub fn kernel_row(&self, position: usize) -> usize {
+        self.row.kernels.start.get() as usize + position
+    }
+}
+
+fn span(start: usize, len: usize) -> Span {
+    Span {
+        start: u32_of(start).into(),
+        len: u32_of(len).into(),
+    }
+}
+
+fn range(span: Span) -> Range<usize> {
+    let start = span.start.get() as usize;
+    start..start + span.len.get() as usize
+}
+
+fn u32_of(n: usize) -> u32 {
+    u32::try_from(n).expect("an index is far smaller than 4 GiB")
+}
+
+fn damaged(what: &str) -> ManifestError {
+    ManifestError::Invalid(format!(
+        "the index is damaged: {what}; rebuild the bundle with `hkpack build`"
+    ))
+}
+
+/// For the accessors' conversions, which [`Table::read`] has already checked.
+fn unreachable_layout() -> ! {
+    unreachable!("the lookup table's layout was checked when it was read")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::{EntryRecord, FORMAT_VERSION, ModuleRecord, Package, Toolchain};
+
+    fn manifest() -> BundleManifest {
+        let entry = |id: &str, size| EntryRecord {
+            id: id.parse().unwrap(),
+            size,
+            sha256: Sha256Digest::of(id.as_bytes()),
+        };
+        let module = |name: &str, kernels: &[&str]| ModuleRecord {
+            name: name.into(),
+            file: format!("{name}.hipfb"),
+            size: 4096,
+            sha256: Sha256Digest::of(name.as_bytes()),
+            compressed: name == "norm",
+            kernels: kernels.iter().map(|&k| k.to_owned()).collect(),
+            abi_file: format!("{name}.abi.toml"),
+            abi_sha256: Sha256Digest::of(b"abi"),
+            entries: vec![
+                entry("hipv4-amdgcn-amd-amdhsa--gfx942", 1000),
+                entry("cuda-nvptx64-nvidia-cuda-sm_90", 2000),
+                entry("cuda-nvptx64-nvidia-cuda-compute_90", 3000),
+            ],
+        };
+        BundleManifest {
+            format_version: FORMAT_VERSION,
+            targets: vec!["gfx942".parse().unwrap(), "sm_90".parse().unwrap()],
+            package: Package {
+                name: "kernels".into(),
+                version: "1.0.0".into(),
+            },
+            toolchain: Toolchain {
+                clang: "clang".into(),
+                ptxas: None,
+                amd_code_object_version: 5,
+            },
+            modules: vec![
+                module("norm", &["rmsnorm_bf16", "layernorm_bf16"]),
+                module("act", &["silu_bf16"]),
+            ],
+        }
+    }
+
+    /// The table of [`manifest`] with its kernels' records at 100.., 200.. and 300.., edited by
+    /// `edit`, then read as if it lay after records in 0..1000.
+    fn read_edited(edit: impl FnOnce(&mut Vec<u8>)) -> Result<Table, ManifestError> {
+        let records = [100..150, 200..260, 300..310];
+        let mut bytes = Table::encode(&manifest(), &records);
+        edit(&mut bytes);
+        let mut file = vec![0; 1000];
+        file.extend(bytes);
+        let whole = Table::locate(&file)?;
+        Table::read(Arc::new(file.into()), whole, 0..1000)
+    }
+
+    fn header(bytes: &mut [u8]) -> &mut Header {
+        Header::mut_from_prefix(bytes).unwrap().0
+    }
+
+    fn rows<T: FromBytes + IntoBytes + KnownLayout + Unaligned>(
+        bytes: &mut [u8],
+        part: usize,
+    ) -> &mut [T] {
+        let h = header(bytes);
+        let counts = [
+            h.ids.get(),
+            h.modules.get(),
+            h.entries.get(),
+            h.kernels.get(),
+        ];
+        let sizes = [
+            size_of::<Span>(),
+            size_of::<ModuleRow>(),
+            size_of::<EntryRow>(),
+            size_of::<KernelRow>(),
+        ];
+        let start = size_of::<Header>()
+            + (0..part)
+                .map(|p| counts[p] as usize * sizes[p])
+                .sum::<usize>();
+        let len = counts[part] as usize * sizes[part];
+        <[T]>::mut_from_bytes(&mut bytes[start..start + len]).unwrap()
+    }
+
+    #[test]
+    fn says_what_the_manifest_says() {
+        let table = read_edited(|_| {}).unwrap();
+        let manifest = manifest();
+        assert_eq!(table.package(), ("kernels", "1.0.0"));
+        assert_eq!(table.modules().len(), 2);
+        for (module, record) in table.modules().zip(&manifest.modules) {
+            assert_eq!(module.name(), record.name);
+            assert_eq!(module.file(), record.file);
+            assert_eq!(module.size(), record.size);
+            assert_eq!(module.compressed(), record.compressed);
+            let entries: Vec<Entry> = module.entries().collect();
+            let expected: Vec<Entry> = (record.entries.iter())
+                .map(|e| Entry {
+                    id: e.id,
+                    size: e.size,
+                    sha256: e.sha256,
+                })
+                .collect();
+            assert_eq!(entries, expected);
+        }
+        let symbols: Vec<&str> = table.kernel_symbols().collect();
+        assert_eq!(symbols, ["rmsnorm_bf16", "layernorm_bf16", "silu_bf16"]);
+        let at = |module, position, row| KernelAt {
+            module,
+            position,
+            row,
+        };
+        assert_eq!(table.find_kernel("layernorm_bf16"), Some(at(0, 1, 1)));
+        assert_eq!(table.find_kernel("silu_bf16"), Some(at(1, 0, 2)));
+        assert_eq!(table.find_kernel("silu"), None);
+        assert_eq!(table.kernel(2), Some(("silu_bf16", 300..310)));
+        assert_eq!(table.kernel(3), None);
+        // Three distinct entry IDs, shared by both modules.
+        assert_eq!(table.ids.len(), 3);
+    }
+
+    #[test]
+    fn refuses_tables_that_do_not_hold_together() {
+        let refused = |what: &str, edit: &dyn Fn(&mut Vec<u8>)| {
+            let error = read_edited(edit)
+                .err()
+                .unwrap_or_else(|| panic!("{what}: accepted"));
+            let text = error.to_string();
+            assert!(text.contains("rebuild"), "{what}: {text}");
+        };
+        refused("no footer", &|b| b.truncate(b.len() - 1));
+        refused("footer too large", &|b| {
+            let at = b.len() - 8;
+            b[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        });
+        refused("bad magic", &|b| header(b).magic = *b"HKLX");
+        refused("counts beyond the table", &|b| header(b).kernels = 4.into());
+        refused("counts short of the table", &|b| header(b).text -= 1);
+        refused("text outside", &|b| header(b).package.len = 10_000.into());
+        refused("text not UTF-8", &|b| {
+            let at = b.len() - 9;
+            b[at] = 0xff;
+        });
+        refused("rows out of order", &|b| {
+            rows::<ModuleRow>(b, 1)[1].entries.start = 0.into()
+        });
+        refused("rows left over", &|b| {
+            rows::<ModuleRow>(b, 1)[1].kernels.len = 0.into()
+        });
+        refused("neither compressed nor plain", &|b| {
+            rows::<ModuleRow>(b, 1)[0].compressed = 2;
+        });
+        refused("unknown ID", &|b| rows::<EntryRow>(b, 2)[0].id = 3.into());
+        refused("record outside", &|b| {
+            rows::<KernelRow>(b, 3)[0].record.start = 990.into();
+        });
+        refused("bad entry ID", &|b| {
+            // The first ID's text, `hipv4-…`, made `hipv5-…`.
+            let span = rows::<Span>(b, 0)[0];
+            let text = b.len() - size_of::<Footer>() - header(b).text.get() as usize;
+            b[text + span.start.get() as usize + 4] = b'5';
+        });
+    }
+
+    #[test]
+    fn refuses_module_files_outside_the_bundle() {
+        let mut manifest = manifest();
+        manifest.modules[1].file = "../act.hipfb".into();
+        let error = Table::build(&manifest, &[], 0..0).err().unwrap();
+        assert!(
+            error.to_string().contains("not a plain file name"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn refuses_a_module_with_an_entry_twice() {
+        let mut manifest = manifest();
+        let twice = manifest.modules[0].entries[0].clone();
+        manifest.modules[0].entries.push(twice);
+        let error = Table::build(&manifest, &[], 0..0).err().unwrap();
+        assert!(error.to_string().contains("lists entry"), "{error}");
+    }
+}

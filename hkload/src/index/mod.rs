@@ -1,0 +1,239 @@
+//! `bundle.msgpack`, the bundle's index: the manifest and every module's ABI file in one
+//! MessagePack file, which hkload reads at start-up instead of the TOML files.
+//!
+//! Why a second form of the same records: parsing `bundle.toml` and one ABI file took about
+//! 0.5 ms on the H100 machine, more than the CUDA driver takes to load a whole module, and was
+//! most of hkload's cold-start overhead; decoding this index takes a few tens of microseconds.
+//! The TOML files stay the bundle's readable record, the one people and other tools read.
+//! hkpack writes both from the same records (tests check that they agree), and hkload still
+//! reads a bundle without an index from its TOML files.
+//!
+//! The file is four MessagePack values in a row:
+//!
+//! 1. the format version as a string (`"1.2"`), read alone first so that a newer major format
+//!    is refused with a clear message;
+//! 2. the SHA-256 of the rest of the file, as a 32-byte binary: the index is the root every
+//!    other hash hangs from, so corruption in it is caught when hashes are verified;
+//! 3. the records: an array of the [`BundleManifest`] (structs written as arrays) and, per
+//!    module in manifest order, an array with each kernel's [`KernelRecord`] (its signature and
+//!    per-target ABI) as a MessagePack binary, in the module's kernel order, left where it lies
+//!    in the file until the kernel is first used;
+//! 4. (since 1.2) the [`lookup`] table, as a binary: what opening a bundle and launching a
+//!    kernel need, read where it lies, so that the manifest is decoded only when asked for.
+//!    Readers of 1.1 stop after the records and never see it.
+
+pub mod lookup;
+
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
+
+use serde::{Deserialize, Serialize};
+use serde_bytes::{ByteBuf, Bytes};
+use sha2::{Digest, Sha256};
+
+use crate::file::FileBytes;
+use crate::manifest::{
+    BundleManifest, FORMAT_VERSION, FormatVersion, KernelRecord, ManifestError, ModuleAbi,
+};
+use lookup::Table;
+
+/// The index's file name inside a bundle folder.
+pub const INDEX_FILE: &str = "bundle.msgpack";
+
+/// The first format whose index has a lookup table.
+const TABLE_SINCE: u32 = 2;
+
+/// An opened index: its lookup table checked, the manifest and the kernels' records left
+/// encoded where they lie until asked for.
+pub struct Index {
+    bytes: Arc<FileBytes>,
+    /// The format the index says it is in.
+    version: FormatVersion,
+    /// Where the records start in `bytes`.
+    records: usize,
+    table: Table,
+    manifest: OnceLock<Result<BundleManifest, ManifestError>>,
+}
+
+impl std::fmt::Debug for Index {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (name, version) = self.table.package();
+        write!(f, "Index({name} {version}, {} bytes)", self.bytes.len())
+    }
+}
+
+impl Index {
+    /// The index file for `manifest` and its modules' ABIs (in module order).
+    pub fn encode(manifest: &BundleManifest, abis: &[ModuleAbi]) -> Vec<u8> {
+        let kernels: Vec<Vec<ByteBuf>> = abis
+            .iter()
+            .map(|abi| {
+                abi.kernels
+                    .iter()
+                    .map(|kernel| ByteBuf::from(compact(kernel)))
+                    .collect()
+            })
+            .collect();
+        let mut bytes = compact(&manifest.format_version);
+        // The digest's size does not depend on its value: the records' place is known now.
+        let start = bytes.len() + compact(Bytes::new(&[0; 32])).len();
+        let mut rest = compact(&(manifest, kernels));
+        let (_, records) = decode_records(&rest, start)
+            .expect("records just encoded from a valid manifest decode again");
+        rest.extend(compact(Bytes::new(&Table::encode(manifest, &records))));
+        let digest: [u8; 32] = Sha256::digest(&rest).into();
+        bytes.extend(compact(Bytes::new(&digest)));
+        bytes.extend(rest);
+        bytes
+    }
+
+    /// Opens an index, checking its hash when `verify` is set, and its lookup table. Nothing
+    /// else is decoded: the manifest when first asked for ([`Index::manifest`]), a kernel's
+    /// record when that kernel is first used. An index older than the table is decoded
+    /// whole, and its table built from the manifest.
+    pub fn open(bytes: impl Into<FileBytes>, verify: bool) -> Result<Self, ManifestError> {
+        let bytes = Arc::new(bytes.into());
+        let mut rest = &bytes[..];
+        let mut header = rmp_serde::Deserializer::new(&mut rest);
+        let version = FormatVersion::deserialize(&mut header).map_err(syntax)?;
+        if version.major != FORMAT_VERSION.major {
+            return Err(ManifestError::UnsupportedFormat(version));
+        }
+        let digest = ByteBuf::deserialize(&mut header).map_err(syntax)?;
+        if verify && Sha256::digest(rest).as_slice() != digest.as_slice() {
+            return Err(ManifestError::Invalid(
+                "the index's SHA-256 does not match its contents: the file is damaged".into(),
+            ));
+        }
+        let records = bytes.len() - rest.len();
+        if version.minor < TABLE_SINCE {
+            let (manifest, kernels) = decode_manifest(&bytes, records, version)?;
+            let table = Table::build(&manifest, &kernels, records..bytes.len())?;
+            return Ok(Self {
+                bytes,
+                version,
+                records,
+                table,
+                manifest: OnceLock::from(Ok(manifest)),
+            });
+        }
+        let whole = Table::locate(&bytes)?;
+        let records_end = whole.start;
+        let table = Table::read(bytes.clone(), whole, records..records_end)?;
+        Ok(Self {
+            bytes,
+            version,
+            records,
+            table,
+            manifest: OnceLock::new(),
+        })
+    }
+
+    /// The lookup table: modules, their code images, kernels and where their records lie.
+    pub fn table(&self) -> &Table {
+        &self.table
+    }
+
+    /// The manifest, decoded on first call, checked as [`BundleManifest::from_toml`] checks
+    /// it, and checked to be the one the lookup table was made from.
+    pub fn manifest(&self) -> Result<&BundleManifest, ManifestError> {
+        self.manifest
+            .get_or_init(|| {
+                let (manifest, kernels) = decode_manifest(&self.bytes, self.records, self.version)?;
+                if Table::encode(&manifest, &kernels) != self.table.bytes() {
+                    return Err(ManifestError::Invalid(
+                        "the index's lookup table does not agree with its records: the file is \
+                         damaged; rebuild the bundle with `hkpack build`"
+                            .into(),
+                    ));
+                }
+                Ok(manifest)
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The record of the kernel in row `row` of the lookup table.
+    pub fn kernel_record(&self, row: usize) -> Result<KernelRecord, ManifestError> {
+        let (symbol, range) = self.table.kernel(row).ok_or_else(|| {
+            ManifestError::Invalid(format!("the index has no kernel in row {row}"))
+        })?;
+        let record: KernelRecord = rmp_serde::from_slice(&self.bytes[range]).map_err(syntax)?;
+        if record.symbol != symbol {
+            return Err(ManifestError::Invalid(format!(
+                "the index holds kernel `{}` where its lookup table lists `{symbol}`",
+                record.symbol
+            )));
+        }
+        Ok(record)
+    }
+
+    /// The ABI of module `module` (in manifest order): every kernel's record.
+    pub fn module_abi(&self, module: usize) -> Result<ModuleAbi, ManifestError> {
+        let module = self
+            .table
+            .module(module)
+            .ok_or_else(|| ManifestError::Invalid(format!("the index has no module {module}")))?;
+        let kernels = (0..module.kernel_count())
+            .map(|position| self.kernel_record(module.kernel_row(position)))
+            .collect::<Result<_, _>>()?;
+        Ok(ModuleAbi { kernels })
+    }
+}
+
+/// The manifest in the records at `records` in `bytes` (an index of format `version`), checked,
+/// and where each kernel's record lies in `bytes`.
+fn decode_manifest(
+    bytes: &[u8],
+    records: usize,
+    version: FormatVersion,
+) -> Result<(BundleManifest, Vec<Range<usize>>), ManifestError> {
+    let (manifest, kernels) = decode_records(&bytes[records..], records)?;
+    if manifest.format_version != version {
+        return Err(ManifestError::Invalid(format!(
+            "the index says format {version} but its manifest says {}",
+            manifest.format_version
+        )));
+    }
+    manifest.validate()?;
+    Ok((manifest, kernels))
+}
+
+/// The manifest in `records`, and where each kernel's record lies, counted from `start`, the
+/// records' place in the file. Checks that there is one record per kernel the manifest lists.
+fn decode_records(
+    records: &[u8],
+    start: usize,
+) -> Result<(BundleManifest, Vec<Range<usize>>), ManifestError> {
+    // Decoded in place: text is parsed where it lies, and kernels' records are borrowed.
+    let (manifest, kernels): (BundleManifest, Vec<Vec<&[u8]>>) =
+        rmp_serde::from_slice(records).map_err(syntax)?;
+    let held = || kernels.iter().map(Vec::len);
+    let listed = || manifest.modules.iter().map(|m| m.kernels.len());
+    if !held().eq(listed()) {
+        return Err(ManifestError::Invalid(format!(
+            "the index holds {:?} kernel records per module, its manifest lists {:?} kernels",
+            held().collect::<Vec<_>>(),
+            listed().collect::<Vec<_>>()
+        )));
+    }
+    let base = records.as_ptr().addr();
+    let ranges = kernels
+        .iter()
+        .flatten()
+        .map(|record| {
+            let offset = start + (record.as_ptr().addr() - base);
+            offset..offset + record.len()
+        })
+        .collect();
+    Ok((manifest, ranges))
+}
+
+/// MessagePack with structs as arrays: the smallest and fastest form to decode.
+fn compact<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    rmp_serde::to_vec(value).expect("bundle records always encode: every map key is a string")
+}
+
+fn syntax(error: rmp_serde::decode::Error) -> ManifestError {
+    ManifestError::Syntax(format!("index: {error}"))
+}
