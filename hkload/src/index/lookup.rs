@@ -7,7 +7,8 @@
 //! caches and 60 µs with cold ones on the H100 machine, the largest part of hkload's cold-start
 //! overhead over a raw driver load. Reading this table checks its bounds and parses the few
 //! distinct entry IDs, and allocates once. The manifest it was made from is decoded only when
-//! asked for, and checked then against this table.
+//! asked for, and checked then against this table. In `gpu_bench`'s cold start on the H100
+//! machine, the open phase went from 53-75 µs to 30-33 µs (medians of two runs each).
 //!
 //! Layout, every number little-endian, nothing aligned:
 //!
@@ -142,12 +143,10 @@ impl Table {
     /// The same manifest and records always give the same bytes.
     pub fn encode(manifest: &BundleManifest, records: &[Range<usize>]) -> Vec<u8> {
         let mut text = Vec::new();
-        let mut put = |s: &str| Span {
-            start: u32_of(text.len()).into(),
-            len: {
-                text.extend_from_slice(s.as_bytes());
-                u32_of(s.len()).into()
-            },
+        let mut put = |s: &str| {
+            let start = text.len();
+            text.extend_from_slice(s.as_bytes());
+            span(start, s.len())
         };
         let package = put(&manifest.package.name);
         let version = put(&manifest.package.version);
