@@ -84,12 +84,10 @@ enum Source {
     Embedded(Vec<(String, &'static [u8])>),
 }
 
-/// A module file, mapped on first use, and its kernels' records, read on first use: one at a
-/// time from the index, or all at once from the module's ABI file in a bundle without one.
+/// A module file, mapped on first use, and in a bundle without an index its ABI file, read on
+/// first use (the index decodes its kernels' records itself, one at a time).
 struct ModuleFile {
-    path: PathBuf,
     bytes: OnceLock<Result<FileBytes, Error>>,
-    kernels: Vec<OnceLock<Result<KernelRecord, Error>>>,
     abi_file: OnceLock<Result<ModuleAbi, Error>>,
 }
 
@@ -179,12 +177,8 @@ impl Bundle {
         let modules = records
             .table()
             .modules()
-            .map(|module| ModuleFile {
-                path: origin.join(module.file()),
+            .map(|_| ModuleFile {
                 bytes: OnceLock::new(),
-                kernels: (0..module.kernel_count())
-                    .map(|_| OnceLock::new())
-                    .collect(),
                 abi_file: OnceLock::new(),
             })
             .collect();
@@ -237,45 +231,32 @@ impl Bundle {
 
     /// Every kernel's record, modules in manifest order (decodes or reads every one).
     pub fn kernel_records(&self) -> Result<Vec<&KernelRecord>> {
-        let mut records = Vec::new();
-        for (module, m) in self.table().modules().enumerate() {
-            for position in 0..m.kernel_count() {
-                let row = m.kernel_row(position);
-                records.push(self.record_at(KernelAt {
-                    module,
-                    position,
-                    row,
-                })?);
-            }
-        }
-        Ok(records)
+        self.table()
+            .kernels()
+            .map(|at| self.record_at(at))
+            .collect()
     }
 
     /// The record of the kernel at `at`, decoded from the index (that kernel's alone) or read
     /// from its module's ABI file (all its kernels), and checked, on first use.
     fn record_at(&self, at: KernelAt) -> Result<&KernelRecord> {
         let inner = &*self.inner;
-        let (module, kernel) = (at.module, at.position);
-        let file = &inner.modules[module];
         match &inner.records {
-            Records::Index(index) => file.kernels[kernel]
-                .get_or_init(|| {
-                    index
-                        .kernel_record(at.row)
-                        .map_err(|source| Error::Manifest {
-                            path: inner.origin.join(INDEX_FILE),
-                            source,
-                        })
-                })
-                .as_ref()
-                .map_err(Clone::clone),
+            Records::Index(index) => {
+                index
+                    .kernel_record(at.row)
+                    .map_err(|source| Error::Manifest {
+                        path: inner.origin.join(INDEX_FILE),
+                        source,
+                    })
+            }
             Records::Toml { manifest, .. } => {
-                let abi = file
+                let abi = inner.modules[at.module]
                     .abi_file
-                    .get_or_init(|| inner.read_abi_file(&manifest.modules[module]))
+                    .get_or_init(|| inner.read_abi_file(&manifest.modules[at.module]))
                     .as_ref()
                     .map_err(Clone::clone)?;
-                Ok(&abi.kernels[kernel])
+                Ok(&abi.kernels[at.position])
             }
         }
     }
@@ -339,23 +320,23 @@ impl Bundle {
             .table()
             .module(index)
             .expect("modules are only loaded from the table's own list");
-        let file = &inner.modules[index];
-        let bytes = file
+        let path = inner.origin.join(module.file());
+        let bytes = inner.modules[index]
             .bytes
-            .get_or_init(|| file.open(&module, &inner.source))
+            .get_or_init(|| open_module_file(&path, &module, &inner.source))
             .as_ref()
             .map_err(Clone::clone)?;
         let id = entry.to_string();
         let image = offload::extract_entry(bytes, &id).map_err(|source| Error::Format {
             module: module.name().to_owned(),
-            path: file.path.clone(),
+            path: path.clone(),
             source,
         })?;
         let expected = module
             .entries()
             .find(|e| &e.id == entry)
             .expect("entries are only chosen from the manifest's own list");
-        let what = || format!("entry `{id}` of {}", file.path.display());
+        let what = || format!("entry `{id}` of {}", path.display());
         if image.len() as u64 != expected.size {
             return Err(Error::Mismatch {
                 what: what(),
@@ -439,37 +420,35 @@ fn parse_manifest(bytes: &[u8], path: &Path) -> Result<BundleManifest> {
     })
 }
 
-impl ModuleFile {
-    /// The module file's bytes (mapped from a folder), checked against what the manifest says
-    /// of its size and compression.
-    fn open(&self, module: &Module<'_>, source: &Source) -> Result<FileBytes> {
-        let io = |e: std::io::Error| Error::Io {
-            path: self.path.clone(),
-            detail: e.to_string(),
-        };
-        let bytes = match source {
-            Source::Dir => FileBytes::map(&self.path).map_err(io)?,
-            Source::Embedded(files) => embedded(files, module.file()).map_err(io)?.into(),
-        };
-        let len = bytes.len() as u64;
-        let what = || format!("module file {}", self.path.display());
-        if len != module.size() {
-            return Err(Error::Mismatch {
-                what: what(),
-                detail: format!("it is {len} bytes, the manifest says {}", module.size()),
-            });
-        }
-        if offload::is_compressed(&bytes) != module.compressed() {
-            return Err(Error::Mismatch {
-                what: what(),
-                detail: format!(
-                    "the manifest says it is {}compressed, the file says otherwise",
-                    if module.compressed() { "" } else { "not " }
-                ),
-            });
-        }
-        Ok(bytes)
+/// The bytes of `module`'s file at `path` (mapped from a folder), checked against what the
+/// manifest says of its size and compression.
+fn open_module_file(path: &Path, module: &Module<'_>, source: &Source) -> Result<FileBytes> {
+    let io = |e: std::io::Error| Error::Io {
+        path: path.to_owned(),
+        detail: e.to_string(),
+    };
+    let bytes = match source {
+        Source::Dir => FileBytes::map(path).map_err(io)?,
+        Source::Embedded(files) => embedded(files, module.file()).map_err(io)?.into(),
+    };
+    let len = bytes.len() as u64;
+    let what = || format!("module file {}", path.display());
+    if len != module.size() {
+        return Err(Error::Mismatch {
+            what: what(),
+            detail: format!("it is {len} bytes, the manifest says {}", module.size()),
+        });
     }
+    if offload::is_compressed(&bytes) != module.compressed() {
+        return Err(Error::Mismatch {
+            what: what(),
+            detail: format!(
+                "the manifest says it is {}compressed, the file says otherwise",
+                if module.compressed() { "" } else { "not " }
+            ),
+        });
+    }
+    Ok(bytes)
 }
 
 fn check_sha256(bytes: &[u8], expected: &Sha256Digest, what: &str) -> Result<()> {

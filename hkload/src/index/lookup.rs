@@ -305,21 +305,28 @@ impl Table {
             .map(|row| Module { table: self, row })
     }
 
+    /// Where every kernel is, in row order (modules in manifest order).
+    pub fn kernels(&self) -> impl Iterator<Item = KernelAt> + '_ {
+        self.module_rows()
+            .iter()
+            .enumerate()
+            .flat_map(|(module, m)| {
+                range(m.kernels)
+                    .enumerate()
+                    .map(move |(position, row)| KernelAt {
+                        module,
+                        position,
+                        row,
+                    })
+            })
+    }
+
     /// Where kernel `symbol` is. A scan of a few hundred names costs less than building a map
     /// at every open.
     pub fn find_kernel(&self, symbol: &str) -> Option<KernelAt> {
-        let row = self
-            .kernel_rows()
-            .iter()
-            .position(|kernel| self.text(kernel.symbol) == symbol)?;
-        self.modules().enumerate().find_map(|(module, m)| {
-            let rows = range(m.row.kernels);
-            rows.contains(&row).then(|| KernelAt {
-                module,
-                position: row - rows.start,
-                row,
-            })
-        })
+        let rows = self.kernel_rows();
+        self.kernels()
+            .find(|at| self.text(rows[at.row].symbol) == symbol)
     }
 
     /// Every kernel's symbol, modules in manifest order.
@@ -474,15 +481,6 @@ impl<'a> Module<'a> {
 
     pub fn entry_ids(&self) -> Vec<EntryId> {
         self.entries().map(|entry| entry.id).collect()
-    }
-
-    pub fn kernel_count(&self) -> usize {
-        self.row.kernels.len.get() as usize
-    }
-
-    /// The table row of the module's kernel at `position`.
-    pub fn kernel_row(&self, position: usize) -> usize {
-        self.row.kernels.start.get() as usize + position
     }
 }
 

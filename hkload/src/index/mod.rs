@@ -53,6 +53,8 @@ pub struct Index {
     records: usize,
     table: Table,
     manifest: OnceLock<Result<BundleManifest, ManifestError>>,
+    /// Each kernel's record, by table row, decoded on first use.
+    kernels: Vec<OnceLock<Result<KernelRecord, ManifestError>>>,
 }
 
 impl std::fmt::Debug for Index {
@@ -106,26 +108,24 @@ impl Index {
             ));
         }
         let records = bytes.len() - rest.len();
-        if version.minor < TABLE_SINCE {
+        let (table, manifest) = if version.minor < TABLE_SINCE {
             let (manifest, kernels) = decode_manifest(&bytes, records, version)?;
             let table = Table::build(&manifest, &kernels, records..bytes.len())?;
-            return Ok(Self {
-                bytes,
-                version,
-                records,
-                table,
-                manifest: OnceLock::from(Ok(manifest)),
-            });
-        }
-        let whole = Table::locate(&bytes)?;
-        let records_end = whole.start;
-        let table = Table::read(bytes.clone(), whole, records..records_end)?;
+            (table, OnceLock::from(Ok(manifest)))
+        } else {
+            let whole = Table::locate(&bytes)?;
+            let records_end = whole.start;
+            let table = Table::read(bytes.clone(), whole, records..records_end)?;
+            (table, OnceLock::new())
+        };
+        let kernels = table.kernels().map(|_| OnceLock::new()).collect();
         Ok(Self {
             bytes,
             version,
             records,
             table,
-            manifest: OnceLock::new(),
+            manifest,
+            kernels,
         })
     }
 
@@ -153,29 +153,39 @@ impl Index {
             .map_err(Clone::clone)
     }
 
-    /// The record of the kernel in row `row` of the lookup table.
-    pub fn kernel_record(&self, row: usize) -> Result<KernelRecord, ManifestError> {
-        let (symbol, range) = self.table.kernel(row).ok_or_else(|| {
-            ManifestError::Invalid(format!("the index has no kernel in row {row}"))
-        })?;
-        let record: KernelRecord = rmp_serde::from_slice(&self.bytes[range]).map_err(syntax)?;
-        if record.symbol != symbol {
+    /// The record of the kernel in row `row` of the lookup table, decoded and checked on first
+    /// use.
+    pub fn kernel_record(&self, row: usize) -> Result<&KernelRecord, ManifestError> {
+        let (Some(slot), Some((symbol, range))) = (self.kernels.get(row), self.table.kernel(row))
+        else {
             return Err(ManifestError::Invalid(format!(
-                "the index holds kernel `{}` where its lookup table lists `{symbol}`",
-                record.symbol
+                "the index has no kernel in row {row}"
             )));
-        }
-        Ok(record)
+        };
+        slot.get_or_init(|| {
+            let record: KernelRecord = rmp_serde::from_slice(&self.bytes[range]).map_err(syntax)?;
+            if record.symbol != symbol {
+                return Err(ManifestError::Invalid(format!(
+                    "the index holds kernel `{}` where its lookup table lists `{symbol}`",
+                    record.symbol
+                )));
+            }
+            Ok(record)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
     }
 
     /// The ABI of module `module` (in manifest order): every kernel's record.
     pub fn module_abi(&self, module: usize) -> Result<ModuleAbi, ManifestError> {
-        let module = self
-            .table
-            .module(module)
-            .ok_or_else(|| ManifestError::Invalid(format!("the index has no module {module}")))?;
-        let kernels = (0..module.kernel_count())
-            .map(|position| self.kernel_record(module.kernel_row(position)))
+        if self.table.module(module).is_none() {
+            return Err(ManifestError::Invalid(format!(
+                "the index has no module {module}"
+            )));
+        }
+        let kernels = (self.table.kernels())
+            .filter(|at| at.module == module)
+            .map(|at| self.kernel_record(at.row).cloned())
             .collect::<Result<_, _>>()?;
         Ok(ModuleAbi { kernels })
     }
