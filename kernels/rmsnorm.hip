@@ -28,11 +28,10 @@ constexpr unsigned kMinBlocks = 4;
 // used, which spills under 64 registers on sm_90; 3 blocks (80 registers) hold it.
 constexpr unsigned kFusedMinBlocks = 3;
 
-// Writes out = v * scale * weight for the pack of values v at column i.
+// Writes out = v * scale * w for the pack of values v and of weights w at column i.
 template <typename T, unsigned N>
-HK_DEVICE void write_scaled(T* out, const T* weight, unsigned i, float scale,
-                            const hk::Pack<T, N>& v) {
-  const auto w = hk::load(weight + i, hk::Width<N>{});
+HK_DEVICE void write_scaled(T* out, unsigned i, float scale, const hk::Pack<T, N>& v,
+                            const hk::Pack<T, N>& w) {
   hk::Pack<T, N> y;
 #pragma unroll
   for (unsigned e = 0; e < N; ++e)
@@ -76,7 +75,9 @@ HK_DEVICE void rmsnorm(T* __restrict__ out, const T* __restrict__ x, const T* __
                       return v;
                     });
     const float scale = rms_scale(walk, sum_sq, cols, eps);
-    walk.pass(xr, [&](unsigned i, auto, const auto& v) { write_scaled(outr, weight, i, scale, v); });
+    walk.pass(
+        xr, [&](unsigned i, auto, const auto& v, const auto& w) { write_scaled(outr, i, scale, v, w); },
+        weight);
   });
 }
 
@@ -98,7 +99,9 @@ HK_DEVICE void fused_add_rmsnorm(T* out, T* __restrict__ residual, const T* x,
                       return sum;
                     });
     const float scale = rms_scale(walk, sum_sq, cols, eps);
-    walk.pass(resr, [&](unsigned i, auto, const auto& v) { write_scaled(outr, weight, i, scale, v); });
+    walk.pass(
+        resr, [&](unsigned i, auto, const auto& v, const auto& w) { write_scaled(outr, i, scale, v, w); },
+        weight);
   });
 }
 

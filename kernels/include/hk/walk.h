@@ -8,8 +8,9 @@
 // t + S, t + 2S, ... of the row (coalesced), or single elements the same way when a vector path
 // is impossible (cols not a multiple of the vector width, or a pointer not 16-byte aligned).
 // Rows of up to 4 vectors per lane stay in registers between passes (up to 8192 bf16/f16 or
-// 4096 f32 elements with 256-thread blocks); longer rows are read again by later passes, a
-// tile at a time, mostly from cache.
+// 4096 f32 elements with 256-thread blocks); longer rows are read again by later passes, two
+// vectors a lane at a time, mostly from cache. A later pass can also hand each pack the packs
+// at the same columns of per-column vectors (a norm's weight and bias), read ahead of their use.
 //
 // for_each_pack: a grid walks a flat array of n elements in 16-byte vectors with a grid stride,
 // finishing a ragged end element by element.
@@ -79,6 +80,10 @@ template <typename T, typename TeamT, unsigned kTile = 4> class RowWalk {
  public:
   static constexpr unsigned kVec = kVec16<T>;
   static constexpr unsigned kLanes = TeamT::kSize;
+  // Vectors a lane reads at once when a later pass reads a long row again (mostly from cache):
+  // fewer than kTile, as those registers add to what the kernel as a whole needs (with 4,
+  // LayerNorm's 16-bit forms spill under 64 registers on sm_90).
+  static constexpr unsigned kReread = 2;
 
   // `aligned`: every row pointer the kernel will touch is 16-byte aligned at row 0.
   HK_DEVICE RowWalk(unsigned cols, bool aligned)
@@ -136,36 +141,68 @@ template <typename T, typename TeamT, unsigned kTile = 4> class RowWalk {
     }
   }
 
-  // A later pass: `visit(i, n, values)` for the pack at column i, the values produced by the
-  // first pass, taken from registers when the row fits there and else read again from `reread`
-  // (the row holding them: the input, or the buffer the first pass wrote them to).
-  template <typename Visit> HK_DEVICE void pass(const T* reread, Visit visit) const {
+  // A later pass: `visit(i, n, values, column packs...)` for the pack at column i: the values
+  // produced by the first pass, taken from registers when the row fits there and else read
+  // again from `reread` (the row holding them: the input, or the buffer the first pass wrote
+  // them to), then the pack at i of each per-column vector in `columns` (a norm's weight).
+  template <typename Visit, typename... C>
+  HK_DEVICE void pass(const T* reread, Visit visit, const C*... columns) const {
     if (idle_) return;
     const unsigned t = team_.rank();
     if (resident_) {
-      visit_tile(tile_, 0, visit);
-    } else if (vectors_) {
-      for (unsigned base = 0; base < nvec_; base += kTile * kLanes) {
-        RowTile<kTile> again;
+      // The column packs of kHeld slots are all read before any is used (the arguments are
+      // evaluated before the call); one load after another would each wait in turn.
 #pragma unroll
-        for (unsigned c = 0; c < kTile; ++c) {
+      for (unsigned first = 0; first < kTile; first += kHeld)
+        visit_resident(first, visit, held(first, columns)...);
+    } else if (vectors_) {
+      for (unsigned base = 0; base < nvec_; base += kReread * kLanes) {
+        RowTile<kReread> again;
+#pragma unroll
+        for (unsigned c = 0; c < kReread; ++c) {
           const unsigned v = base + c * kLanes + t;
           again.bits[c] = v < nvec_ ? __builtin_bit_cast(u32x4, load16(reread + v * kVec)) : u32x4{};
         }
-        visit_tile(again, base, visit);
+#pragma unroll
+        for (unsigned c = 0; c < kReread; ++c) {
+          const unsigned v = base + c * kLanes + t;
+          if (v < nvec_)
+            visit(v * kVec, Width<kVec>{}, __builtin_bit_cast(Vec16<T>, again.bits[c]),
+                  load16(columns + v * kVec)...);
+        }
       }
     } else {
-      for (unsigned i = t; i < cols_; i += kLanes) visit(i, Width<1>{}, load(reread + i, Width<1>{}));
+      for (unsigned i = t; i < cols_; i += kLanes)
+        visit(i, Width<1>{}, load(reread + i, Width<1>{}), load(columns + i, Width<1>{})...);
     }
   }
 
  private:
-  template <typename Visit>
-  HK_DEVICE void visit_tile(const RowTile<kTile>& tile, unsigned base, Visit visit) const {
+  // Slots whose column packs a lane reads at once in a later pass over a resident row: all
+  // kTile of them would take registers that the row itself needs (ptxas spills under the
+  // norms' 64-register budget).
+  static constexpr unsigned kHeld = kTile / 2;
+
+  // The lane's packs of a per-column vector in slots [first, first + kHeld) of a resident row.
+  HK_DEVICE RowTile<kHeld> held(unsigned first, const T* column) const {
+    RowTile<kHeld> tile;
 #pragma unroll
-    for (unsigned c = 0; c < kTile; ++c) {
-      const unsigned v = base + c * kLanes + team_.rank();
-      if (v < nvec_) visit(v * kVec, Width<kVec>{}, __builtin_bit_cast(Vec16<T>, tile.bits[c]));
+    for (unsigned c = 0; c < kHeld; ++c) {
+      const unsigned v = (first + c) * kLanes + team_.rank();
+      tile.bits[c] = v < nvec_ ? __builtin_bit_cast(u32x4, load16(column + v * kVec)) : u32x4{};
+    }
+    return tile;
+  }
+
+  // Visits the slots [first, first + kHeld) of a resident row with their column packs.
+  template <typename Visit, typename... Tiles>
+  HK_DEVICE void visit_resident(unsigned first, Visit& visit, const Tiles&... columns) const {
+#pragma unroll
+    for (unsigned c = 0; c < kHeld; ++c) {
+      const unsigned v = (first + c) * kLanes + team_.rank();
+      if (v < nvec_)
+        visit(v * kVec, Width<kVec>{}, __builtin_bit_cast(Vec16<T>, tile_.bits[first + c]),
+              __builtin_bit_cast(Vec16<T>, columns.bits[c])...);
     }
   }
 
