@@ -154,15 +154,10 @@ template <typename T, typename TeamT, unsigned kTile = 4> class RowWalk {
       // evaluated before the call); one load after another would each wait in turn.
 #pragma unroll
       for (unsigned first = 0; first < kTile; first += kHeld)
-        visit_resident(first, visit, held(first, columns)...);
+        visit_resident(first, visit, read<kHeld>(columns, first * kLanes)...);
     } else if (vectors_) {
       for (unsigned base = 0; base < nvec_; base += kReread * kLanes) {
-        RowTile<kReread> again;
-#pragma unroll
-        for (unsigned c = 0; c < kReread; ++c) {
-          const unsigned v = base + c * kLanes + t;
-          again.bits[c] = v < nvec_ ? __builtin_bit_cast(u32x4, load16(reread + v * kVec)) : u32x4{};
-        }
+        const RowTile<kReread> again = read<kReread>(reread, base);
 #pragma unroll
         for (unsigned c = 0; c < kReread; ++c) {
           const unsigned v = base + c * kLanes + t;
@@ -183,13 +178,14 @@ template <typename T, typename TeamT, unsigned kTile = 4> class RowWalk {
   // norms' 64-register budget).
   static constexpr unsigned kHeld = kTile / 2;
 
-  // The lane's packs of a per-column vector in slots [first, first + kHeld) of a resident row.
-  HK_DEVICE RowTile<kHeld> held(unsigned first, const T* column) const {
-    RowTile<kHeld> tile;
+  // The lane's vectors base + c * kLanes + rank, c < kCount, of the row at `row` (zero past
+  // its end), all read before any is used.
+  template <unsigned kCount> HK_DEVICE RowTile<kCount> read(const T* row, unsigned base) const {
+    RowTile<kCount> tile;
 #pragma unroll
-    for (unsigned c = 0; c < kHeld; ++c) {
-      const unsigned v = (first + c) * kLanes + team_.rank();
-      tile.bits[c] = v < nvec_ ? __builtin_bit_cast(u32x4, load16(column + v * kVec)) : u32x4{};
+    for (unsigned c = 0; c < kCount; ++c) {
+      const unsigned v = base + c * kLanes + team_.rank();
+      tile.bits[c] = v < nvec_ ? __builtin_bit_cast(u32x4, load16(row + v * kVec)) : u32x4{};
     }
     return tile;
   }
