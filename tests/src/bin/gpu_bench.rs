@@ -9,9 +9,12 @@
 //!   kernel once (then synchronise), against raw `cuModuleLoadData` of the same image in memory
 //!   plus the same launch (the target's baseline), against raw `cuModuleLoad` of that image
 //!   written to a file (what a program without hkload that ships its cubins as files does),
-//!   and against loading the module's PTX (the driver's JIT). Every repetition unloads its
-//!   module; the context is created before anything is timed. Run with `CUDA_CACHE_DISABLE=1`
-//!   for JIT times without the driver's compute cache.
+//!   against raw `cuModuleLoadData` of the cubin mapped from the bundle's own module file
+//!   (plain bundles: what taking the bytes from the page cache costs, which hkload pays too, so
+//!   that what hkload takes beyond it is its own work), and against loading the module's PTX
+//!   (the driver's JIT). Every repetition unloads its module; the context is created before
+//!   anything is timed. Run with `CUDA_CACHE_DISABLE=1` for JIT times without the driver's
+//!   compute cache.
 //! * (b) Launch overhead: CPU time per launch of hkload's checked launch, of the CUDA driver
 //!   layer alone (packed arguments, no checks), and of raw `cuLaunchKernel` with `kernelParams`
 //!   and with the packed buffer in `extra`. One-block grid, batches of launches synchronised in
@@ -25,7 +28,9 @@
 
 mod device_case;
 
+use std::borrow::Cow;
 use std::ffi::{CStr, CString, c_void};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::ptr;
@@ -233,6 +238,9 @@ struct Images {
     /// What verification hashes on the way to the first launch: the chosen code image and the
     /// index.
     hashed_bytes: u64,
+    /// The module file and where the chosen image starts in it, when that is a cubin in a plain
+    /// file (a compressed file holds no image to map, and PTX needs a NUL after it).
+    mapped: Option<(PathBuf, usize)>,
 }
 
 impl Images {
@@ -242,7 +250,8 @@ impl Images {
             .map_err(text)?
             .module_of(kernel)
             .ok_or_else(|| format!("the bundle has no kernel `{kernel}`"))?;
-        let file = std::fs::read(dir.join(&module.file)).map_err(text)?;
+        let path = dir.join(&module.file);
+        let file = std::fs::read(&path).map_err(text)?;
         let unpacked = offload::decompress(&file).map_err(text)?;
         let parsed = OffloadBundle::parse(&unpacked).map_err(text)?;
         let image = |id: &EntryId| -> Result<Vec<u8>, String> {
@@ -270,6 +279,12 @@ impl Images {
             .map(|(id, _)| *id)
             .filter(|id| *id != chosen_id);
         let index_size = std::fs::metadata(dir.join(INDEX_FILE)).map_err(text)?.len();
+        let mapped = match (&unpacked, parsed.entry(&chosen_id.to_string())) {
+            (Cow::Borrowed(_), Some(entry)) if chosen_id.image_kind() != ImageKind::Ptx => {
+                Some((path, usize::try_from(entry.offset).map_err(text)?))
+            }
+            _ => None,
+        };
         Ok(Self {
             module: module.name.clone(),
             chosen: image(&chosen_id)?,
@@ -283,6 +298,7 @@ impl Images {
                 .find(|entry| entry.id == chosen_id)
                 .map_or(0, |entry| entry.size)
                 + index_size,
+            mapped,
         })
     }
 
@@ -329,6 +345,9 @@ fn pack(args: &[Arg<'_>], slots: &[(u32, u32)]) -> Result<Vec<u8>, String> {
 struct RawModule {
     module: sys::CUmodule,
     function: sys::CUfunction,
+    /// The mapped file the image was loaded from, if it was: unmapped after the module is
+    /// unloaded, outside the timing, as hkload's are.
+    mapped: Option<memmap2::Mmap>,
 }
 
 impl RawModule {
@@ -342,6 +361,21 @@ impl RawModule {
             sys::cuModuleLoadData(&mut module, image.as_ptr().cast())
         })?;
         Self::with_function(module, symbol)
+    }
+
+    /// Maps the file at `path` and loads the image that starts at `offset` in it, with
+    /// `cuModuleLoadData`, as hkload does with a plain bundle (without its checks).
+    fn load_mapped(path: &Path, offset: usize, symbol: &CStr) -> Result<Self, String> {
+        let file = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        // SAFETY: read-only and private; nothing rewrites the bundle while the benchmark runs.
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .map_err(|e| format!("cannot map {}: {e}", path.display()))?;
+        let image = map
+            .get(offset..)
+            .ok_or_else(|| format!("{} is shorter than {offset} bytes", path.display()))?;
+        let mut loaded = Self::load(image, symbol)?;
+        loaded.mapped = Some(map);
+        Ok(loaded)
     }
 
     /// Loads the image in the file at `path` in the current context, with `cuModuleLoad`.
@@ -360,6 +394,7 @@ impl RawModule {
         let mut loaded = Self {
             module,
             function: ptr::null_mut(),
+            mapped: None,
         };
         // SAFETY: the module is live; `symbol` is NUL-terminated.
         cu("cuModuleGetFunction", unsafe {
@@ -528,6 +563,8 @@ struct ColdStart {
     verify_off: Stats,
     raw: Stats,
     raw_file: Stats,
+    /// Raw `cuModuleLoadData` of the image mapped from the bundle's module file.
+    raw_mapped: Option<Stats>,
     reps: (usize, usize),
     /// Phase medians of the first three rows, named by [`HKLOAD_PHASES`] and [`RAW_PHASES`].
     phases: [Vec<f64>; 3],
@@ -577,6 +614,24 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
             },
         ),
     ];
+    let mapped_row = match &images.mapped {
+        Some((path, offset)) => {
+            variants.push(Variant::new(
+                format!("raw cuModuleLoadData, {} mapped", images.chosen_kind()),
+                COLD_WARMUP,
+                COLD_REPS,
+                || {
+                    raw_cold_start(
+                        setup,
+                        || RawModule::load_mapped(path, *offset, &setup.symbol),
+                        params,
+                    )
+                },
+            ));
+            Some(variants.len() - 1)
+        }
+        None => None,
+    };
     if let Some((_, ptx)) = &images.ptx {
         variants.push(Variant::new(
             "raw cuModuleLoadData, PTX (JIT)",
@@ -595,6 +650,7 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
         verify_off: variants[1].stats(),
         raw: variants[2].stats(),
         raw_file: variants[3].stats(),
+        raw_mapped: mapped_row.map(|row| variants[row].stats()),
         reps: (COLD_REPS, PTX_REPS),
         phases: [0, 1, 2].map(|i| variants[i].phase_medians()),
     })
@@ -840,6 +896,15 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
          the file is read from the page cache, as hkload's are)",
         cold.verify_off.median / cold.raw_file.median
     );
+    if let Some(mapped) = cold.raw_mapped {
+        println!(
+            "    beside it: hkload (verify off) / raw cuModuleLoadData of the image mapped from \
+             the bundle file: {:.2}x, {} more (no target; hkload's own work: the index, the \
+             choice, the kernel's record and checks)",
+            cold.verify_off.median / mapped.median,
+            seconds(cold.verify_off.median - mapped.median)
+        );
+    }
     println!(
         "(c) hash verification: {} per open + first kernel ({:.2}x verify off), hashing {} \
          bytes (the code image and the index)",
