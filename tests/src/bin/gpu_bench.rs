@@ -28,7 +28,6 @@
 
 mod device_case;
 
-use std::borrow::Cow;
 use std::ffi::{CStr, CString, c_void};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -254,16 +253,10 @@ impl Images {
         let file = std::fs::read(&path).map_err(text)?;
         let unpacked = offload::decompress(&file).map_err(text)?;
         let parsed = OffloadBundle::parse(&unpacked).map_err(text)?;
-        let image = |id: &EntryId| -> Result<Vec<u8>, String> {
-            let mut bytes = parsed
+        let entry = |id: &EntryId| {
+            parsed
                 .entry(&id.to_string())
-                .ok_or_else(|| format!("module `{}` has no entry {id}", module.name))?
-                .bytes
-                .to_vec();
-            if id.image_kind() == ImageKind::Ptx {
-                bytes.push(0);
-            }
-            Ok(bytes)
+                .ok_or_else(|| format!("module `{}` has no entry {id}", module.name))
         };
         let ids: Vec<EntryId> = module.entries.iter().map(|e| e.id).collect();
         let chosen_id = hkload::select::select(device.target(), &ids)
@@ -279,17 +272,17 @@ impl Images {
             .map(|(id, _)| *id)
             .filter(|id| *id != chosen_id);
         let index_size = std::fs::metadata(dir.join(INDEX_FILE)).map_err(text)?.len();
-        let mapped = match (&unpacked, parsed.entry(&chosen_id.to_string())) {
-            (Cow::Borrowed(_), Some(entry)) if chosen_id.image_kind() != ImageKind::Ptx => {
-                Some((path, usize::try_from(entry.offset).map_err(text)?))
-            }
-            _ => None,
+        let chosen = entry(&chosen_id)?;
+        let mapped = if offload::is_compressed(&file) || chosen_id.image_kind() == ImageKind::Ptx {
+            None
+        } else {
+            Some((path, usize::try_from(chosen.offset).map_err(text)?))
         };
         Ok(Self {
             module: module.name.clone(),
-            chosen: image(&chosen_id)?,
+            chosen: image_bytes(&chosen_id, chosen),
             ptx: ptx_id
-                .map(|id| image(&id).map(|bytes| (id, bytes)))
+                .map(|id| entry(&id).map(|found| (id, image_bytes(&id, found))))
                 .transpose()?,
             chosen_id,
             hashed_bytes: module
@@ -308,6 +301,15 @@ impl Images {
             _ => "cubin",
         }
     }
+}
+
+/// The bytes of code image `id` as the driver takes them: NUL-terminated when it is PTX.
+fn image_bytes(id: &EntryId, entry: &offload::Entry<'_>) -> Vec<u8> {
+    let mut bytes = entry.bytes.to_vec();
+    if id.image_kind() == ImageKind::Ptx {
+        bytes.push(0);
+    }
+    bytes
 }
 
 /// Packs `args` at the offsets and sizes of `slots`, as hkload does before calling the driver.
