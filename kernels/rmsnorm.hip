@@ -65,7 +65,7 @@ template <typename Walk> HK_DEVICE float rms_scale(Walk& walk, float sum_sq, uns
 template <typename T>
 HK_DEVICE void rmsnorm(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ weight,
                        float eps, unsigned rows, unsigned cols) {
-  hk::for_each_row<T, kBlock>(rows, cols, hk::aligned16(out, x, weight), [&](auto& walk, unsigned r) {
+  hk::for_each_row<T, kBlock, 1>(rows, cols, hk::aligned16(out, x, weight), [&](auto& walk, unsigned r) {
     const T* xr = x + hk::row_offset(r, cols);
     T* outr = out + hk::row_offset(r, cols);
     float sum_sq = 0.0f;
@@ -73,7 +73,8 @@ HK_DEVICE void rmsnorm(T* __restrict__ out, const T* __restrict__ x, const T* __
                     [&](unsigned, auto, const auto& v) {
                       sum_sq += sum_squares(v);
                       return v;
-                    });
+                    },
+                    weight);
     const float scale = rms_scale(walk, sum_sq, cols, eps);
     walk.pass(
         xr, [&](unsigned i, auto, const auto& v, const auto& w) { write_scaled(outr, i, scale, v, w); },
@@ -87,7 +88,7 @@ HK_DEVICE void fused_add_rmsnorm(T* out, T* __restrict__ residual, const T* x,
                                  const T* __restrict__ weight, float eps, unsigned rows,
                                  unsigned cols) {
   const bool aligned = hk::aligned16(out, residual, x, weight);
-  hk::for_each_row<T, kBlock>(rows, cols, aligned, [&](auto& walk, unsigned r) {
+  hk::for_each_row<T, kBlock, 1>(rows, cols, aligned, [&](auto& walk, unsigned r) {
     const T* xr = x + hk::row_offset(r, cols);
     T* resr = residual + hk::row_offset(r, cols);
     T* outr = out + hk::row_offset(r, cols);
@@ -97,7 +98,8 @@ HK_DEVICE void fused_add_rmsnorm(T* out, T* __restrict__ residual, const T* x,
                       hk::store(resr + i, sum);
                       sum_sq += sum_squares(sum);
                       return sum;
-                    });
+                    },
+                    weight);
     const float scale = rms_scale(walk, sum_sq, cols, eps);
     walk.pass(
         resr, [&](unsigned i, auto, const auto& v, const auto& w) { write_scaled(outr, i, scale, v, w); },
