@@ -167,20 +167,18 @@ template <typename T, typename TeamT, unsigned kTile = 4, unsigned kAhead = 0> c
                   "a pass reads no column vectors or the ones given to first_pass");
     if (idle_) return;
     const unsigned t = team_.rank();
-    if constexpr (kShort && sizeof...(C) > 0) {
-      if (resident_) {
-#pragma unroll
-        for (unsigned c = 0; c < kTile; ++c)
-          if (c * kLanes + t < nvec_) visit_ahead<sizeof...(C)>(c, visit);
-        return;
-      }
+    if constexpr (kShort && sizeof...(C) == 1) {
+      if (resident_) return visit_resident<kTile>(0, visit, ahead_[0]);
+    }
+    if constexpr (kShort && sizeof...(C) == 2) {
+      if (resident_) return visit_resident<kTile>(0, visit, ahead_[0], ahead_[1]);
     }
     if (resident_) {
       // The column packs of kHeld slots are all read before any is used (the arguments are
       // evaluated before the call); one load after another would each wait in turn.
 #pragma unroll
       for (unsigned first = 0; first < kTile; first += kHeld)
-        visit_resident(first, visit, read<kHeld>(columns, first * kLanes)...);
+        visit_resident<kHeld>(first, visit, read<kHeld>(columns, first * kLanes)...);
     } else if (vectors_) {
       for (unsigned base = 0; base < nvec_; base += kReread * kLanes) {
         const RowTile<kReread> again = read<kReread>(reread, base);
@@ -216,21 +214,12 @@ template <typename T, typename TeamT, unsigned kTile = 4, unsigned kAhead = 0> c
     return tile;
   }
 
-  // Visits slot c of a resident row on a short-row walk with the packs first_pass held for it
-  // of the first kCount column vectors.
-  template <unsigned kCount, typename Visit> HK_DEVICE void visit_ahead(unsigned c, Visit& visit) const {
-    const unsigned i = (c * kLanes + team_.rank()) * kVec;
-    const auto values = __builtin_bit_cast(Vec16<T>, tile_.bits[c]);
-    const auto held = [&](unsigned k) { return __builtin_bit_cast(Vec16<T>, ahead_[k].bits[c]); };
-    if constexpr (kCount == 1) visit(i, Width<kVec>{}, values, held(0));
-    if constexpr (kCount == 2) visit(i, Width<kVec>{}, values, held(0), held(1));
-  }
-
-  // Visits the slots [first, first + kHeld) of a resident row with their column packs.
-  template <typename Visit, typename... Tiles>
+  // Visits the slots [first, first + kCount) of a resident row with their column packs (held
+  // ahead by first_pass on a short-row walk, or just read).
+  template <unsigned kCount, typename Visit, typename... Tiles>
   HK_DEVICE void visit_resident(unsigned first, Visit& visit, const Tiles&... columns) const {
 #pragma unroll
-    for (unsigned c = 0; c < kHeld; ++c) {
+    for (unsigned c = 0; c < kCount; ++c) {
       const unsigned v = (first + c) * kLanes + team_.rank();
       if (v < nvec_)
         visit(v * kVec, Width<kVec>{}, __builtin_bit_cast(Vec16<T>, tile_.bits[first + c]),
@@ -285,11 +274,12 @@ HK_DEVICE void walk_rows(unsigned rows, unsigned cols, bool aligned, Body& body)
 // them get no such walk: its code would cost them registers elsewhere (softmax, at 48, spills).
 template <typename T, unsigned kBlock, unsigned kAhead = 0, typename Body>
 HK_DEVICE void for_each_row(unsigned rows, unsigned cols, bool aligned, Body body) {
-  // A short row: two 16-byte vectors a lane of an 8-lane team.
-  constexpr unsigned long long kShortRowBytes = 8 * 2 * 16;
+  // A short row: kShortTile 16-byte vectors a lane of an 8-lane team.
+  constexpr unsigned kShortTile = 2;
+  constexpr unsigned long long kShortRowBytes = 8 * kShortTile * 16;
   const unsigned long long row_bytes = static_cast<unsigned long long>(cols) * sizeof(T);
   if (kAhead > 0 && row_bytes <= kShortRowBytes)
-    return detail::walk_rows<T, kBlock, 8, 2, kAhead>(rows, cols, aligned, body);
+    return detail::walk_rows<T, kBlock, 8, kShortTile, kAhead>(rows, cols, aligned, body);
   switch (team_lanes<kBlock>(row_bytes)) {
     case 8: return detail::walk_rows<T, kBlock, 8, 4, kAhead>(rows, cols, aligned, body);
     case 16: return detail::walk_rows<T, kBlock, 16, 4, kAhead>(rows, cols, aligned, body);
