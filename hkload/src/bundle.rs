@@ -16,7 +16,8 @@ use crate::index::lookup::{KernelAt, Module, Table};
 use crate::index::{INDEX_FILE, Index};
 use crate::launch::{Arg, ArgLayout, shared_memory_limit};
 use crate::manifest::{
-    BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ModuleAbi, ModuleRecord, Sha256Digest,
+    BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ManifestError, ModuleAbi, ModuleRecord,
+    Sha256Digest,
 };
 use crate::offload;
 use crate::select::{Selection, choose, select};
@@ -140,14 +141,9 @@ impl Bundle {
     fn read(origin: PathBuf, source: Source, options: OpenOptions) -> Result<Self> {
         let index_path = origin.join(INDEX_FILE);
         let records = match source.read(&index_path, INDEX_FILE) {
-            Ok(bytes) => {
-                Records::Index(Index::open(bytes, options.verify_hashes).map_err(|source| {
-                    Error::Manifest {
-                        path: index_path.clone(),
-                        source,
-                    }
-                })?)
-            }
+            Ok(bytes) => Records::Index(
+                Index::open(bytes, options.verify_hashes).map_err(index_error(&origin))?,
+            ),
             Err(missing) if missing.kind() == std::io::ErrorKind::NotFound => {
                 let path = origin.join(MANIFEST_FILE);
                 let bytes = source.read(&path, MANIFEST_FILE).map_err(|e| Error::Io {
@@ -198,10 +194,7 @@ impl Bundle {
     pub fn manifest(&self) -> Result<&BundleManifest> {
         let inner = &*self.inner;
         match &inner.records {
-            Records::Index(index) => index.manifest().map_err(|source| Error::Manifest {
-                path: inner.origin.join(INDEX_FILE),
-                source,
-            }),
+            Records::Index(index) => index.manifest().map_err(index_error(&inner.origin)),
             Records::Toml { manifest, .. } => Ok(manifest),
         }
     }
@@ -242,14 +235,9 @@ impl Bundle {
     fn record_at(&self, at: KernelAt) -> Result<&KernelRecord> {
         let inner = &*self.inner;
         match &inner.records {
-            Records::Index(index) => {
-                index
-                    .kernel_record(at.row)
-                    .map_err(|source| Error::Manifest {
-                        path: inner.origin.join(INDEX_FILE),
-                        source,
-                    })
-            }
+            Records::Index(index) => index
+                .kernel_record(at.row)
+                .map_err(index_error(&inner.origin)),
             Records::Toml { manifest, .. } => {
                 let abi = inner.modules[at.module]
                     .abi_file
@@ -407,6 +395,14 @@ fn embedded(files: &[(String, &'static [u8])], name: &str) -> std::io::Result<&'
                 format!("`{name}` was not among the embedded files"),
             )
         })
+}
+
+/// What a damaged index in the bundle folder `origin` is reported as.
+fn index_error(origin: &Path) -> impl FnOnce(ManifestError) -> Error + '_ {
+    move |source| Error::Manifest {
+        path: origin.join(INDEX_FILE),
+        source,
+    }
 }
 
 fn parse_manifest(bytes: &[u8], path: &Path) -> Result<BundleManifest> {
