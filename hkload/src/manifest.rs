@@ -119,7 +119,7 @@ pub struct ModuleRecord {
 }
 
 /// One code image in a module file, keyed by its full entry ID.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EntryRecord {
     pub id: EntryId,
@@ -390,10 +390,7 @@ impl BundleManifest {
                 check_file_name(&module.name, file)?;
             }
             if let Some(id) = first_duplicate(module.entries.iter().map(|e| e.id)) {
-                return Err(ManifestError::Invalid(format!(
-                    "module `{}` lists entry `{id}` twice",
-                    module.name
-                )));
+                return Err(duplicate_entry(&module.name, &id));
             }
         }
         if let Some(symbol) = first_duplicate(self.kernel_symbols()) {
@@ -403,6 +400,11 @@ impl BundleManifest {
         }
         Ok(())
     }
+}
+
+/// The error for module `module` listing the code image `id` more than once.
+pub(crate) fn duplicate_entry(module: &str, id: &EntryId) -> ManifestError {
+    ManifestError::Invalid(format!("module `{module}` lists entry `{id}` twice"))
 }
 
 /// Checks that `file`, named by module `module`, is a plain file name in the bundle folder:

@@ -29,7 +29,9 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use crate::file::FileBytes;
-use crate::manifest::{BundleManifest, ManifestError, Sha256Digest, check_file_name};
+use crate::manifest::{
+    BundleManifest, EntryRecord, ManifestError, Sha256Digest, check_file_name, duplicate_entry,
+};
 use crate::target::EntryId;
 
 const MAGIC: [u8; 4] = *b"HKLT";
@@ -118,15 +120,6 @@ struct Parts {
 pub struct Module<'a> {
     table: &'a Table,
     row: &'a ModuleRow,
-}
-
-/// A code image of a module, as the table describes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Entry {
-    pub id: EntryId,
-    /// Size of the (uncompressed) image in bytes.
-    pub size: u64,
-    pub sha256: Sha256Digest,
 }
 
 /// Where a kernel is: its module, its place among the module's kernels, its row in the table.
@@ -326,11 +319,11 @@ impl Table {
     pub fn find_kernel(&self, symbol: &str) -> Option<KernelAt> {
         let rows = self.kernel_rows();
         self.kernels()
-            .find(|at| self.text(rows[at.row].symbol) == symbol)
+            .find(|at| self.text_bytes(rows[at.row].symbol) == symbol.as_bytes())
     }
 
     /// Every kernel's symbol, modules in manifest order.
-    pub fn kernel_symbols(&self) -> impl Iterator<Item = &str> {
+    pub fn kernel_symbols(&self) -> impl ExactSizeIterator<Item = &str> {
         self.kernel_rows()
             .iter()
             .map(|kernel| self.text(kernel.symbol))
@@ -402,11 +395,10 @@ impl Table {
             let rows = &self.entry_rows()[range(module.row.entries)];
             for (i, entry) in rows.iter().enumerate() {
                 if rows[..i].iter().any(|other| other.id == entry.id) {
-                    return Err(ManifestError::Invalid(format!(
-                        "module `{}` lists entry `{}` twice",
+                    return Err(duplicate_entry(
                         module.name(),
-                        self.ids[entry.id.get() as usize]
-                    )));
+                        &self.ids[entry.id.get() as usize],
+                    ));
                 }
             }
         }
@@ -443,8 +435,12 @@ impl Table {
 
     /// Text the checks at [`Table::read`] found inside the text and UTF-8.
     fn text(&self, span: Span) -> &str {
-        let text = &self.bytes[self.parts.text.clone()];
-        std::str::from_utf8(&text[range(span)]).unwrap_or_else(|_| unreachable_layout())
+        std::str::from_utf8(self.text_bytes(span)).unwrap_or_else(|_| unreachable_layout())
+    }
+
+    /// The bytes of that text, for comparing without checking them as UTF-8 again.
+    fn text_bytes(&self, span: Span) -> &[u8] {
+        &self.bytes[self.parts.text.clone()][range(span)]
     }
 }
 
@@ -468,15 +464,20 @@ impl<'a> Module<'a> {
         self.row.compressed == 1
     }
 
-    pub fn entries(&self) -> impl ExactSizeIterator<Item = Entry> + 'a {
+    pub fn entries(&self) -> impl ExactSizeIterator<Item = EntryRecord> + 'a {
         let table = self.table;
         table.entry_rows()[range(self.row.entries)]
             .iter()
-            .map(|row| Entry {
+            .map(|row| EntryRecord {
                 id: table.ids[row.id.get() as usize],
                 size: row.size.get(),
                 sha256: Sha256Digest(row.sha256),
             })
+    }
+
+    /// The table rows of the module's kernels.
+    pub(crate) fn kernel_rows(&self) -> Range<usize> {
+        range(self.row.kernels)
     }
 
     pub fn entry_ids(&self) -> Vec<EntryId> {
@@ -500,7 +501,7 @@ fn u32_of(n: usize) -> u32 {
     u32::try_from(n).expect("an index is far smaller than 4 GiB")
 }
 
-fn damaged(what: &str) -> ManifestError {
+pub(super) fn damaged(what: &str) -> ManifestError {
     ManifestError::Invalid(format!(
         "the index is damaged: {what}; rebuild the bundle with `hkpack build`"
     ))
@@ -608,14 +609,8 @@ mod tests {
             assert_eq!(module.file(), record.file);
             assert_eq!(module.size(), record.size);
             assert_eq!(module.compressed(), record.compressed);
-            let entries: Vec<Entry> = module.entries().collect();
-            let expected: Vec<Entry> = (record.entries.iter())
-                .map(|e| Entry {
-                    id: e.id,
-                    size: e.size,
-                    sha256: e.sha256,
-                })
-                .collect();
+            let entries: Vec<EntryRecord> = module.entries().collect();
+            let expected = record.entries.clone();
             assert_eq!(entries, expected);
         }
         let symbols: Vec<&str> = table.kernel_symbols().collect();
@@ -691,7 +686,7 @@ mod tests {
     #[test]
     fn refuses_a_module_with_an_entry_twice() {
         let mut manifest = manifest();
-        let twice = manifest.modules[0].entries[0].clone();
+        let twice = manifest.modules[0].entries[0];
         manifest.modules[0].entries.push(twice);
         let error = Table::build(&manifest, &[], 0..0).err().unwrap();
         assert!(error.to_string().contains("lists entry"), "{error}");

@@ -118,7 +118,9 @@ impl Index {
             let table = Table::read(bytes.clone(), whole, records..records_end)?;
             (table, OnceLock::new())
         };
-        let kernels = table.kernels().map(|_| OnceLock::new()).collect();
+        let kernels = std::iter::repeat_with(OnceLock::new)
+            .take(table.kernel_symbols().len())
+            .collect();
         Ok(Self {
             bytes,
             version,
@@ -141,10 +143,8 @@ impl Index {
             .get_or_init(|| {
                 let (manifest, kernels) = decode_manifest(&self.bytes, self.records, self.version)?;
                 if Table::encode(&manifest, &kernels) != self.table.bytes() {
-                    return Err(ManifestError::Invalid(
-                        "the index's lookup table does not agree with its records: the file is \
-                         damaged; rebuild the bundle with `hkpack build`"
-                            .into(),
+                    return Err(lookup::damaged(
+                        "its lookup table does not agree with its records",
                     ));
                 }
                 Ok(manifest)
@@ -178,14 +178,13 @@ impl Index {
 
     /// The ABI of module `module` (in manifest order): every kernel's record.
     pub fn module_abi(&self, module: usize) -> Result<ModuleAbi, ManifestError> {
-        if self.table.module(module).is_none() {
-            return Err(ManifestError::Invalid(format!(
-                "the index has no module {module}"
-            )));
-        }
-        let kernels = (self.table.kernels())
-            .filter(|at| at.module == module)
-            .map(|at| self.kernel_record(at.row).cloned())
+        let rows = self
+            .table
+            .module(module)
+            .ok_or_else(|| ManifestError::Invalid(format!("the index has no module {module}")))?
+            .kernel_rows();
+        let kernels = rows
+            .map(|row| self.kernel_record(row).cloned())
             .collect::<Result<_, _>>()?;
         Ok(ModuleAbi { kernels })
     }
