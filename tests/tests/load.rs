@@ -530,8 +530,8 @@ fn a_bundle_without_its_index_reads_its_toml_files_and_checks_them() {
 #[test]
 fn an_index_from_before_the_lookup_table_still_opens() {
     let (_package, dir) = small_bundle(false);
-    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
-    let (index, module) = (read("bundle.msgpack"), leak(read("scale.hipfb")));
+    let read = |name: &str| leak(std::fs::read(dir.join(name)).unwrap());
+    let (index, module) = (read("bundle.msgpack"), read("scale.hipfb"));
 
     // The same index as format 1.1 wrote it: version, digest, records, and no table. The
     // version strings are MessagePack fixstr (0xa3 and three bytes), at the file's start and
@@ -547,13 +547,10 @@ fn an_index_from_before_the_lookup_table_still_opens() {
     assert_eq!(records[2..6], version);
     records[2..6].copy_from_slice(b"\xa31.1");
     let digest = sha2::Sha256::digest(&records);
-    let old = [b"\xa31.1", &[0xc4, 32][..], &digest, &records].concat();
+    let old = leak([b"\xa31.1", &[0xc4, 32][..], &digest, &records].concat());
 
-    let now = Bundle::from_bytes(&[("bundle.msgpack", leak(index))], OpenOptions::default());
-    let before = Bundle::from_bytes(
-        &[("bundle.msgpack", leak(old.clone()))],
-        OpenOptions::default(),
-    );
+    let now = Bundle::from_bytes(&[("bundle.msgpack", index)], OpenOptions::default());
+    let before = Bundle::from_bytes(&[("bundle.msgpack", old)], OpenOptions::default());
     let (now, before) = (now.unwrap(), before.unwrap());
     assert_eq!(before.manifest().unwrap().format_version.to_string(), "1.1");
     assert_eq!(now.table().bytes(), before.table().bytes());
@@ -563,8 +560,8 @@ fn an_index_from_before_the_lookup_table_still_opens() {
     );
     let files = |index| [("bundle.msgpack", index), ("scale.hipfb", module)];
     assert_eq!(
-        load_everywhere(&files(leak(old)), OpenOptions::default()).unwrap(),
-        load_everywhere(&files(leak(read("bundle.msgpack"))), OpenOptions::default()).unwrap()
+        load_everywhere(&files(old), OpenOptions::default()).unwrap(),
+        load_everywhere(&files(index), OpenOptions::default()).unwrap()
     );
 }
 
@@ -577,7 +574,7 @@ fn the_lookup_table_is_checked_against_the_records() {
         .windows(11)
         .rposition(|w| w == b"scale.hipfb")
         .unwrap();
-    let mut damaged = index.clone();
+    let mut damaged = index;
     damaged[at + 10] = b'c';
     let damaged = leak(damaged);
 

@@ -4,7 +4,8 @@
 //! Why a second form of the same records: parsing `bundle.toml` and one ABI file took about
 //! 0.5 ms on the H100 machine, more than the CUDA driver takes to load a whole module, and was
 //! most of hkload's cold-start overhead; decoding this index takes a few tens of microseconds,
-//! and its lookup table (see [`lookup`]) spares even that at open. The TOML files stay the bundle's readable record, the one people and other tools read.
+//! and its lookup table (see [`lookup`]) spares even that at open. The TOML files stay the
+//! bundle's readable record, the one people and other tools read.
 //! hkpack writes both from the same records (tests check that they agree), and hkload still
 //! reads a bundle without an index from its TOML files.
 //!

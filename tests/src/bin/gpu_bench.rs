@@ -244,25 +244,25 @@ struct Images {
 
 impl Images {
     fn read(dir: &Path, bundle: &Bundle, device: &Device, kernel: &str) -> Result<Self, String> {
-        let module = bundle
-            .manifest()
-            .map_err(text)?
-            .module_of(kernel)
+        let table = bundle.table();
+        let module = table
+            .find_kernel(kernel)
+            .and_then(|at| table.module(at.module))
             .ok_or_else(|| format!("the bundle has no kernel `{kernel}`"))?;
-        let path = dir.join(&module.file);
+        let path = dir.join(module.file());
         let file = std::fs::read(&path).map_err(text)?;
         let unpacked = offload::decompress(&file).map_err(text)?;
         let parsed = OffloadBundle::parse(&unpacked).map_err(text)?;
         let entry = |id: &EntryId| {
             parsed
                 .entry(&id.to_string())
-                .ok_or_else(|| format!("module `{}` has no entry {id}", module.name))
+                .ok_or_else(|| format!("module `{}` has no entry {id}", module.name()))
         };
-        let ids: Vec<EntryId> = module.entries.iter().map(|e| e.id).collect();
+        let ids = module.entry_ids();
         let chosen_id = hkload::select::select(device.target(), &ids)
             .chosen()
             .map(|(id, _)| *id)
-            .ok_or_else(|| format!("module `{}` has no code for the device", module.name))?;
+            .ok_or_else(|| format!("module `{}` has no code for the device", module.name()))?;
         let ptx_ids: Vec<EntryId> = ids
             .into_iter()
             .filter(|id| id.image_kind() == ImageKind::Ptx)
@@ -279,15 +279,14 @@ impl Images {
             Some((path, usize::try_from(chosen.offset).map_err(text)?))
         };
         Ok(Self {
-            module: module.name.clone(),
+            module: module.name().to_owned(),
             chosen: image_bytes(&chosen_id, chosen),
             ptx: ptx_id
                 .map(|id| entry(&id).map(|found| (id, image_bytes(&id, found))))
                 .transpose()?,
             chosen_id,
             hashed_bytes: module
-                .entries
-                .iter()
+                .entries()
                 .find(|entry| entry.id == chosen_id)
                 .map_or(0, |entry| entry.size)
                 + index_size,
@@ -343,7 +342,8 @@ fn pack(args: &[Arg<'_>], slots: &[(u32, u32)]) -> Result<Vec<u8>, String> {
     Ok(packed)
 }
 
-/// A module loaded with raw `cuModuleLoadData` and the kernel taken from it; unloaded on drop.
+/// A module loaded with raw driver calls (`cuModuleLoadData` or `cuModuleLoad`) and the kernel
+/// taken from it; unloaded on drop.
 struct RawModule {
     module: sys::CUmodule,
     function: sys::CUfunction,
@@ -431,7 +431,7 @@ impl Drop for ImageFile {
 
 impl Drop for RawModule {
     fn drop(&mut self) {
-        // SAFETY: loaded by `load`, unloaded once; nothing launched from it is still queued
+        // SAFETY: loaded by the driver, unloaded once; nothing launched from it is still queued
         // (every use synchronises).
         let _ = unsafe { sys::cuModuleUnload(self.module) };
     }
@@ -584,6 +584,8 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
     let mut param_pointers = kernel_params(setup);
     let params = RawArgs::Params(param_pointers.as_mut_ptr());
     let file = ImageFile::write(&images.chosen)?;
+    let cold = (COLD_WARMUP, COLD_REPS);
+    let kind = images.chosen_kind();
     let mut variants = vec![
         Variant::new("hkload, verify on", COLD_WARMUP, COLD_REPS, || {
             hkload_cold_start(setup, true)
@@ -591,57 +593,37 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
         Variant::new("hkload, verify off", COLD_WARMUP, COLD_REPS, || {
             hkload_cold_start(setup, false)
         }),
-        Variant::new(
-            format!("raw cuModuleLoadData, {}", images.chosen_kind()),
-            COLD_WARMUP,
-            COLD_REPS,
-            || {
-                raw_cold_start(
-                    setup,
-                    || RawModule::load(&images.chosen, &setup.symbol),
-                    params,
-                )
-            },
+        raw_variant(
+            setup,
+            params,
+            format!("raw cuModuleLoadData, {kind}"),
+            cold,
+            || RawModule::load(&images.chosen, &setup.symbol),
         ),
-        Variant::new(
-            format!("raw cuModuleLoad, {} file", images.chosen_kind()),
-            COLD_WARMUP,
-            COLD_REPS,
-            || {
-                raw_cold_start(
-                    setup,
-                    || RawModule::load_file(&file.c_path, &setup.symbol),
-                    params,
-                )
-            },
+        raw_variant(
+            setup,
+            params,
+            format!("raw cuModuleLoad, {kind} file"),
+            cold,
+            || RawModule::load_file(&file.c_path, &setup.symbol),
         ),
     ];
-    let mapped_row = match &images.mapped {
-        Some((path, offset)) => {
-            variants.push(Variant::new(
-                format!("raw cuModuleLoadData, {} mapped", images.chosen_kind()),
-                COLD_WARMUP,
-                COLD_REPS,
-                || {
-                    raw_cold_start(
-                        setup,
-                        || RawModule::load_mapped(path, *offset, &setup.symbol),
-                        params,
-                    )
-                },
-            ));
-            Some(variants.len() - 1)
-        }
-        None => None,
-    };
-    if let Some((_, ptx)) = &images.ptx {
-        variants.push(Variant::new(
-            "raw cuModuleLoadData, PTX (JIT)",
-            PTX_WARMUP,
-            PTX_REPS,
-            || raw_cold_start(setup, || RawModule::load(ptx, &setup.symbol), params),
-        ));
-    }
+    // The mapped row, where there is one, follows these four.
+    variants.extend(images.mapped.as_ref().map(|(path, offset)| {
+        raw_variant(
+            setup,
+            params,
+            format!("raw cuModuleLoadData, {kind} mapped"),
+            cold,
+            || RawModule::load_mapped(path, *offset, &setup.symbol),
+        )
+    }));
+    variants.extend(images.ptx.as_ref().map(|(_, ptx)| {
+        let name = "raw cuModuleLoadData, PTX (JIT)".to_owned();
+        raw_variant(setup, params, name, (PTX_WARMUP, PTX_REPS), || {
+            RawModule::load(ptx, &setup.symbol)
+        })
+    }));
     measure(&mut variants)?;
     Ok(ColdStart {
         rows: variants
@@ -652,9 +634,23 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
         verify_off: variants[1].stats(),
         raw: variants[2].stats(),
         raw_file: variants[3].stats(),
-        raw_mapped: mapped_row.map(|row| variants[row].stats()),
+        raw_mapped: images.mapped.is_some().then(|| variants[4].stats()),
         reps: (COLD_REPS, PTX_REPS),
         phases: [0, 1, 2].map(|i| variants[i].phase_medians()),
+    })
+}
+
+/// A cold-start variant that loads the module with `load` (raw driver calls) and launches the
+/// kernel once, as [`raw_cold_start`] times it.
+fn raw_variant<'a>(
+    setup: &'a Setup<'_>,
+    params: RawArgs,
+    name: String,
+    (warmup, reps): (usize, usize),
+    load: impl Fn() -> Result<RawModule, String> + 'a,
+) -> Variant<'a> {
+    Variant::new(name, warmup, reps, move || {
+        raw_cold_start(setup, &load, params)
     })
 }
 
