@@ -19,6 +19,7 @@
 // vectors of the row); grid = ceil(rows / (256 / L)). Any grid is correct (teams walk the rows
 // with a grid stride); another one only costs speed.
 #include "hk/hk.h"
+#include "hk/residual.h"
 #include "hk/walk.h"
 
 namespace {
@@ -34,18 +35,6 @@ template <typename T> constexpr unsigned kMinBlocks = sizeof(T) == 4 ? 3 : 4;
 #endif
 // The residual-add kernels need more registers (see rmsnorm.hip): 3 blocks everywhere.
 constexpr unsigned kFusedMinBlocks = 3;
-
-// T(x + residual) for the pack of n elements at x and residual.
-template <typename T, unsigned N>
-HK_DEVICE hk::Pack<T, N> residual_add(const T* x, const T* residual, hk::Width<N> n) {
-  const auto a = hk::load(x, n);
-  const auto b = hk::load(residual, n);
-  hk::Pack<T, N> sum;
-#pragma unroll
-  for (unsigned e = 0; e < N; ++e)
-    sum.elem[e] = hk::from_float<T>(hk::to_float(a.elem[e]) + hk::to_float(b.elem[e]));
-  return sum;
-}
 
 // The sum of a pack's values, in f32.
 template <typename T, unsigned N> HK_DEVICE float pack_sum(const hk::Pack<T, N>& v) {
@@ -112,7 +101,7 @@ HK_DEVICE void fused_add_layernorm(T* out, T* __restrict__ residual, const T* x,
     const T* xr = x + hk::row_offset(r, cols);
     T* resr = residual + hk::row_offset(r, cols);
     float sum = 0.0f;
-    walk.first_pass([&](unsigned i, auto n) { return residual_add(xr + i, resr + i, n); },
+    walk.first_pass([&](unsigned i, auto n) { return hk::residual_add(xr + i, resr + i, n); },
                     [&](unsigned i, auto, const auto& added) {
                       hk::store(resr + i, added);
                       sum += pack_sum(added);

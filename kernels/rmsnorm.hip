@@ -14,6 +14,7 @@
 // vectors of the row); grid = ceil(rows / (256 / L)). Any grid is correct (teams walk the rows
 // with a grid stride); another one only costs speed.
 #include "hk/hk.h"
+#include "hk/residual.h"
 #include "hk/walk.h"
 
 namespace {
@@ -44,18 +45,6 @@ template <typename T, unsigned N> HK_DEVICE float sum_squares(const hk::Pack<T, 
 #pragma unroll
   for (unsigned e = 0; e < N; ++e) s += hk::to_float(v.elem[e]) * hk::to_float(v.elem[e]);
   return s;
-}
-
-// T(x + residual) for the pack of n elements at x and residual.
-template <typename T, unsigned N>
-HK_DEVICE hk::Pack<T, N> residual_add(const T* x, const T* residual, hk::Width<N> n) {
-  const auto a = hk::load(x, n);
-  const auto b = hk::load(residual, n);
-  hk::Pack<T, N> sum;
-#pragma unroll
-  for (unsigned e = 0; e < N; ++e)
-    sum.elem[e] = hk::from_float<T>(hk::to_float(a.elem[e]) + hk::to_float(b.elem[e]));
-  return sum;
 }
 
 template <typename Walk> HK_DEVICE float rms_scale(Walk& walk, float sum_sq, unsigned cols, float eps) {
@@ -93,7 +82,7 @@ HK_DEVICE void fused_add_rmsnorm(T* out, T* __restrict__ residual, const T* x,
     T* resr = residual + hk::row_offset(r, cols);
     T* outr = out + hk::row_offset(r, cols);
     float sum_sq = 0.0f;
-    walk.first_pass([&](unsigned i, auto n) { return residual_add(xr + i, resr + i, n); },
+    walk.first_pass([&](unsigned i, auto n) { return hk::residual_add(xr + i, resr + i, n); },
                     [&](unsigned i, auto, const auto& sum) {
                       hk::store(resr + i, sum);
                       sum_sq += sum_squares(sum);
