@@ -157,13 +157,11 @@ impl Index {
     /// The record of the kernel in row `row` of the lookup table, decoded and checked on first
     /// use.
     pub fn kernel_record(&self, row: usize) -> Result<&KernelRecord, ManifestError> {
-        let (Some(slot), Some((symbol, range))) = (self.kernels.get(row), self.table.kernel(row))
-        else {
-            return Err(ManifestError::Invalid(format!(
-                "the index has no kernel in row {row}"
-            )));
-        };
+        let no_row = || ManifestError::Invalid(format!("the index has no kernel in row {row}"));
+        let slot = self.kernels.get(row).ok_or_else(no_row)?;
         slot.get_or_init(|| {
+            // Looked up only to decode: a record already decoded needs nothing from the table.
+            let (symbol, range) = self.table.kernel(row).ok_or_else(no_row)?;
             let record: KernelRecord = rmp_serde::from_slice(&self.bytes[range]).map_err(syntax)?;
             if record.symbol != symbol {
                 return Err(ManifestError::Invalid(format!(
