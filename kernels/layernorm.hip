@@ -114,7 +114,7 @@ HK_DEVICE void fused_add_layernorm(T* out, T* __restrict__ residual, const T* x,
 }  // namespace
 
 #define HK_LAYERNORM(name, T)                                                                 \
-  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kMinBlocks<T>)                                   \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kMinBlocks<T>)                                \
   void layernorm_##name(                                                                      \
       T* out, const T* x, const T* weight, const T* bias, float eps, unsigned rows,           \
       unsigned cols) {                                                                        \
