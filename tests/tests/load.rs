@@ -389,7 +389,11 @@ fn load_everywhere(
     files: &[(&str, &'static [u8])],
     options: OpenOptions,
 ) -> Result<Vec<Vec<u8>>, Error> {
-    let bundle = Bundle::from_bytes(files, options)?;
+    images_everywhere(&Bundle::from_bytes(files, options)?)
+}
+
+/// What [`load_everywhere`] does, for an opened bundle.
+fn images_everywhere(bundle: &Bundle) -> Result<Vec<Vec<u8>>, Error> {
     let mut images = Vec::new();
     for device in ["gfx942:sramecc+:xnack-", "sm_90", "sm_100"] {
         let (driver, device) = simulated(device);
@@ -402,6 +406,61 @@ fn load_everywhere(
         }));
     }
     Ok(images)
+}
+
+#[test]
+fn a_bundle_folder_gives_the_driver_what_the_embedded_files_give() {
+    for compress in [true, false] {
+        let (_package, dir) = small_bundle(compress);
+        let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+        let files = [
+            ("bundle.msgpack", leak(read("bundle.msgpack"))),
+            ("scale.hipfb", leak(read("scale.hipfb"))),
+        ];
+        let embedded = load_everywhere(&files, OpenOptions::default()).unwrap();
+        assert_eq!(embedded.len(), 3);
+        let from_folder = images_everywhere(&Bundle::open(&dir).unwrap()).unwrap();
+        assert_eq!(from_folder, embedded, "compressed: {compress}");
+    }
+
+    // The module file's own errors, as a folder reports them (a plain bundle's image is read
+    // alone, so its header is all that is checked besides the image's hash).
+    let (_package, dir) = small_bundle(false);
+    let module_path = dir.join("scale.hipfb");
+    let module = std::fs::read(&module_path).unwrap();
+    let error_with = |bytes: &[u8]| {
+        std::fs::write(&module_path, bytes).unwrap();
+        let error = images_everywhere(&Bundle::open(&dir).unwrap()).unwrap_err();
+        error.to_string()
+    };
+    let len = module.len();
+    let error = error_with(&module[..len - 1]);
+    assert!(
+        error.contains(&format!("it is {} bytes, the manifest says {len}", len - 1)),
+        "{error}"
+    );
+    let mut damaged = module.clone();
+    damaged[0] ^= 0x5a;
+    let error = error_with(&damaged);
+    assert!(error.contains("not an offload bundle"), "{error}");
+    let mut damaged = module.clone();
+    damaged[len - 1] ^= 0x5a;
+    let error = error_with(&damaged);
+    assert!(error.contains("its SHA-256 is"), "{error}");
+    let (_compressed_package, compressed_dir) = small_bundle(true);
+    let mut compressed = std::fs::read(compressed_dir.join("scale.hipfb")).unwrap();
+    compressed.resize(len, 0);
+    let error = error_with(&compressed);
+    assert!(
+        error.contains("the manifest says it is not compressed, the file says otherwise"),
+        "{error}"
+    );
+    std::fs::remove_file(&module_path).unwrap();
+    std::fs::create_dir(&module_path).unwrap();
+    let error = images_everywhere(&Bundle::open(&dir).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("it is not a regular file"), "{error}");
 }
 
 #[test]
