@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::device::Device;
 use crate::driver::{FunctionHandle, LaunchDims, ModuleHandle, StreamHandle};
 use crate::error::{Error, LaunchError, Result};
-use crate::file::{self, FileBytes};
+use crate::file::FileBytes;
 use crate::index::lookup::{KernelAt, Module, Table};
 use crate::index::{INDEX_FILE, Index};
 use crate::launch::{Arg, ArgLayout, shared_memory_limit};
@@ -19,7 +19,7 @@ use crate::manifest::{
     BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ManifestError, ModuleAbi, ModuleRecord,
     Sha256Digest,
 };
-use crate::offload::{self, FormatError, ReadError};
+use crate::offload;
 use crate::select::{Selection, choose, select};
 use crate::target::{EntryId, TargetId};
 
@@ -52,9 +52,7 @@ struct Inner {
     origin: PathBuf,
     source: Source,
     records: Records,
-    /// In a bundle without an index, each module's ABI file, read on first use (the index
-    /// decodes its kernels' records itself, one at a time).
-    abi_files: Vec<OnceLock<Result<ModuleAbi, Error>>>,
+    modules: Vec<ModuleFile>,
     options: OpenOptions,
 }
 
@@ -87,6 +85,13 @@ enum Source {
     Embedded(Vec<(String, &'static [u8])>),
 }
 
+/// A module file, mapped on first use, and in a bundle without an index its ABI file, read on
+/// first use (the index decodes its kernels' records itself, one at a time).
+struct ModuleFile {
+    bytes: OnceLock<Result<FileBytes, Error>>,
+    abi_file: OnceLock<Result<ModuleAbi, Error>>,
+}
+
 impl std::fmt::Debug for Bundle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (name, version) = self.table().package();
@@ -106,8 +111,8 @@ impl Bundle {
 
     /// Opens the bundle folder `dir`: reads and checks its index's lookup table
     /// (`bundle.msgpack`) or, in a bundle without an index, its `bundle.toml`. Nothing else is
-    /// read here: the manifest is decoded from the index when asked for, and a module's code
-    /// image is read, checked and hashed when the module is first used (or at
+    /// read here: the manifest is decoded from the index when asked for, module files are
+    /// mapped, checked and hashed when a module is first used (or at
     /// [`LoadedBundle::preload`]), so opening costs the same however many modules there are.
     pub fn open_with(dir: impl AsRef<Path>, options: OpenOptions) -> Result<Self> {
         Self::read(dir.as_ref().to_owned(), Source::Dir, options)
@@ -165,13 +170,20 @@ impl Bundle {
                 });
             }
         };
-        let abi_files = records.table().modules().map(|_| OnceLock::new()).collect();
+        let modules = records
+            .table()
+            .modules()
+            .map(|_| ModuleFile {
+                bytes: OnceLock::new(),
+                abi_file: OnceLock::new(),
+            })
+            .collect();
         Ok(Self {
             inner: Arc::new(Inner {
                 origin,
                 source,
                 records,
-                abi_files,
+                modules,
                 options,
             }),
         })
@@ -227,7 +239,8 @@ impl Bundle {
                 .kernel_record(at.row)
                 .map_err(index_error(&inner.origin)),
             Records::Toml { manifest, .. } => {
-                let abi = inner.abi_files[at.module]
+                let abi = inner.modules[at.module]
+                    .abi_file
                     .get_or_init(|| inner.read_abi_file(&manifest.modules[at.module]))
                     .as_ref()
                     .map_err(Clone::clone)?;
@@ -287,9 +300,8 @@ impl Bundle {
     }
 
     /// The bytes of the code image `entry` of module `index`, after the checks the options ask
-    /// for. From a bundle folder, a plain module file's image is read alone (see
-    /// [`offload::read_entry`]); an embedded one's is borrowed. A compressed file, mapped or
-    /// embedded, is decompressed only as far as the entry.
+    /// for: borrowed from the mapped file if it is a plain bundle, decompressed (only as far as
+    /// the entry) if it is compressed.
     fn code_image(&self, index: usize, entry: &EntryId) -> Result<Cow<'_, [u8]>> {
         let inner = &*self.inner;
         let module = self
@@ -297,14 +309,17 @@ impl Bundle {
             .module(index)
             .expect("modules are only loaded from the table's own list");
         let path = inner.origin.join(module.file());
+        let bytes = inner.modules[index]
+            .bytes
+            .get_or_init(|| open_module_file(&path, &module, &inner.source))
+            .as_ref()
+            .map_err(Clone::clone)?;
         let id = entry.to_string();
-        let image = match &inner.source {
-            Source::Dir => read_code_image(&path, &module, &id)?,
-            Source::Embedded(files) => {
-                let bytes = embedded(files, module.file()).map_err(io_error(&path))?;
-                extract_code_image(bytes, &module, &path, &id)?
-            }
-        };
+        let image = offload::extract_entry(bytes, &id).map_err(|source| Error::Format {
+            module: module.name().to_owned(),
+            path: path.clone(),
+            source,
+        })?;
         let expected = module
             .entries()
             .find(|e| &e.id == entry)
@@ -322,7 +337,7 @@ impl Bundle {
         }
         // The image alone is hashed, not the file: it is every byte that reaches the driver,
         // and a plain bundle is often several times larger than the one image a device needs.
-        // The rest of the file is checked by its format (its header).
+        // The rest of the file is checked by its format (header, zero padding).
         if inner.options.verify_hashes {
             check_sha256(&image, &expected.sha256, &what())?;
         }
@@ -401,77 +416,42 @@ fn parse_manifest(bytes: &[u8], path: &Path) -> Result<BundleManifest> {
     })
 }
 
-/// An I/O error on the bundle file at `path`.
-fn io_error(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
-    move |e| Error::Io {
+/// The bytes of `module`'s file at `path` (mapped from a folder), checked against what the
+/// manifest says of its size and compression.
+///
+/// Mapped rather than read: the driver then takes the chosen image straight from the page
+/// cache. Reading the image alone into fresh memory instead (seek, then one read) was faster
+/// on the development machine, a virtual machine where page faults are dear (47 against 79 µs
+/// for 661 KB, each then copied once as the driver does), but slower on the H100 machine:
+/// `cuModuleLoadData` plus a first launch of a 661 KB cubin read that way took 248 and 353 µs
+/// against 228 and 344 µs mapped, in two runs of `gpu_bench` (medians of 400).
+fn open_module_file(path: &Path, module: &Module<'_>, source: &Source) -> Result<FileBytes> {
+    let io = |e: std::io::Error| Error::Io {
         path: path.to_owned(),
         detail: e.to_string(),
+    };
+    let bytes = match source {
+        Source::Dir => FileBytes::map(path).map_err(io)?,
+        Source::Embedded(files) => embedded(files, module.file()).map_err(io)?.into(),
+    };
+    let len = bytes.len() as u64;
+    let what = || format!("module file {}", path.display());
+    if len != module.size() {
+        return Err(Error::Mismatch {
+            what: what(),
+            detail: format!("it is {len} bytes, the manifest says {}", module.size()),
+        });
     }
-}
-
-/// A format error in `module`'s file at `path`.
-fn format_error<'a>(module: &'a Module<'_>, path: &'a Path) -> impl Fn(FormatError) -> Error + 'a {
-    move |source| Error::Format {
-        module: module.name().to_owned(),
-        path: path.to_owned(),
-        source,
+    if offload::is_compressed(&bytes) != module.compressed() {
+        return Err(Error::Mismatch {
+            what: what(),
+            detail: format!(
+                "the manifest says it is {}compressed, the file says otherwise",
+                if module.compressed() { "" } else { "not " }
+            ),
+        });
     }
-}
-
-/// The code image `id` of `module`'s file at `path` in a bundle folder, after checking the file
-/// against the manifest. A plain bundle's image is read alone (see [`offload::read_entry`]); a
-/// compressed file is mapped, as decompression reads it from the start only as far as the
-/// image.
-fn read_code_image(path: &Path, module: &Module<'_>, id: &str) -> Result<Cow<'static, [u8]>> {
-    let io = io_error(path);
-    if module.compressed() {
-        let bytes = FileBytes::map(path).map_err(&io)?;
-        return extract_code_image(&bytes, module, path, id).map(|image| image.into_owned().into());
-    }
-    let (file, len) = file::open_regular(path).map_err(&io)?;
-    check_module_len(len, module, path)?;
-    offload::read_entry(&file, len, id)
-        .map(Cow::Owned)
-        .map_err(|error| match error {
-            ReadError::Io(e) => io(e),
-            ReadError::Format(FormatError::CompressedBundle) => compression_mismatch(module, path),
-            ReadError::Format(source) => format_error(module, path)(source),
-        })
-}
-
-/// The code image `id` of `module`'s file, held whole in `bytes`, after checking the file
-/// against the manifest.
-fn extract_code_image<'a>(
-    bytes: &'a [u8],
-    module: &Module<'_>,
-    path: &Path,
-    id: &str,
-) -> Result<Cow<'a, [u8]>> {
-    check_module_len(bytes.len() as u64, module, path)?;
-    if offload::is_compressed(bytes) != module.compressed() {
-        return Err(compression_mismatch(module, path));
-    }
-    offload::extract_entry(bytes, id).map_err(format_error(module, path))
-}
-
-fn check_module_len(len: u64, module: &Module<'_>, path: &Path) -> Result<()> {
-    if len == module.size() {
-        return Ok(());
-    }
-    Err(Error::Mismatch {
-        what: format!("module file {}", path.display()),
-        detail: format!("it is {len} bytes, the manifest says {}", module.size()),
-    })
-}
-
-fn compression_mismatch(module: &Module<'_>, path: &Path) -> Error {
-    Error::Mismatch {
-        what: format!("module file {}", path.display()),
-        detail: format!(
-            "the manifest says it is {}compressed, the file says otherwise",
-            if module.compressed() { "" } else { "not " }
-        ),
-    }
+    Ok(bytes)
 }
 
 fn check_sha256(bytes: &[u8], expected: &Sha256Digest, what: &str) -> Result<()> {

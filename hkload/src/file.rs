@@ -19,26 +19,20 @@ impl FileBytes {
     /// Maps the file at `path`. Its pages are read when first touched, so the parts of a file
     /// that are never used (other devices' code, other kernels' records) cost nothing.
     pub(crate) fn map(path: &Path) -> std::io::Result<Self> {
-        let (file, len) = open_regular(path)?;
-        let len = usize::try_from(len).map_err(std::io::Error::other)?;
+        let file = File::open(path)?;
+        // Mapping needs the length anyway; asking here too says what is wrong with a folder or
+        // a device where a file belongs, which mmap reports only as "no such device".
+        let metadata = file.metadata()?;
+        if !metadata.is_file() {
+            return Err(std::io::Error::other("it is not a regular file"));
+        }
+        let len = usize::try_from(metadata.len()).map_err(std::io::Error::other)?;
         // SAFETY: the map is read-only and private to this process. Bundles are written aside
         // and moved into place whole, so a file is never rewritten while mapped by a
         // well-behaved producer; hashes catch the rest when verifying.
         let map = unsafe { memmap2::MmapOptions::new().len(len).map(&file) }?;
         Ok(Self(Held::Mapped(map)))
     }
-}
-
-/// Opens the file at `path` for reading, with its length. A folder or a device where a file
-/// belongs is refused here: reading or mapping one would fail later with a less helpful message
-/// ("is a directory", "no such device"), or not at all.
-pub(crate) fn open_regular(path: &Path) -> std::io::Result<(File, u64)> {
-    let file = File::open(path)?;
-    let metadata = file.metadata()?;
-    if !metadata.is_file() {
-        return Err(std::io::Error::other("it is not a regular file"));
-    }
-    Ok((file, metadata.len()))
 }
 
 impl From<&'static [u8]> for FileBytes {

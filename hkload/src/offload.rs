@@ -17,7 +17,7 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::Read;
 
 use md5::{Digest, Md5};
 
@@ -106,24 +106,13 @@ impl<'a> OffloadBundle<'a> {
 /// One entry's ID, offset and size as its descriptor gives them.
 type Descriptor<'a> = (&'a str, u64, u64);
 
-/// The bytes a descriptor points at (see [`check_placement`]).
+/// The bytes a descriptor points at, which must lie past the header, inside the file, and (if
+/// any) start page-aligned.
 fn code_object<'a>(
     bytes: &'a [u8],
     header_len: u64,
-    descriptor: Descriptor<'_>,
-) -> Result<&'a [u8], FormatError> {
-    check_placement(header_len, widen(bytes.len()), descriptor)?;
-    let (_, offset, size) = descriptor;
-    slice(bytes, offset, size).ok_or(FormatError::BundleTooLarge)
-}
-
-/// Checks that a descriptor's code object lies past the header, inside a bundle of `len`
-/// bytes, and (if it has any bytes) starts page-aligned.
-fn check_placement(
-    header_len: u64,
-    len: u64,
     (id, offset, size): Descriptor<'_>,
-) -> Result<(), FormatError> {
+) -> Result<&'a [u8], FormatError> {
     if offset < header_len {
         return Err(FormatError::EntryInsideHeader {
             id: id.into(),
@@ -131,14 +120,12 @@ fn check_placement(
             header_len,
         });
     }
-    if offset.checked_add(size).is_none_or(|end| end > len) {
-        return Err(FormatError::EntryOutOfBounds {
-            id: id.into(),
-            offset,
-            size,
-            len,
-        });
-    }
+    let code_object = slice(bytes, offset, size).ok_or_else(|| FormatError::EntryOutOfBounds {
+        id: id.into(),
+        offset,
+        size,
+        len: widen(bytes.len()),
+    })?;
     // An empty entry occupies no bytes, so where it points does not matter; clang puts its host
     // entry at the offset of the next code object.
     if size != 0 && offset % CODE_OBJECT_ALIGN != 0 {
@@ -147,7 +134,7 @@ fn check_placement(
             offset,
         });
     }
-    Ok(())
+    Ok(code_object)
 }
 
 /// Reads the header at the start of `bytes` (which may be only a prefix of the bundle) of a
@@ -500,8 +487,38 @@ pub fn extract_entry<'a>(bytes: &'a [u8], id: &str) -> Result<Cow<'a, [u8]>, For
         Ok(())
     };
 
-    let (offset, size, last) = find_entry(&mut bundle, declared, id, &mut fill)?;
-    let end = offset + size; // in bounds: found entries lie inside the bundle
+    // The header comes first; ours fit in the first 4096 bytes, others may need more.
+    let mut window = HEADER_WINDOW;
+    let (offset, size, last) = loop {
+        fill(&mut bundle, window)?;
+        match read_header(&bundle, declared) {
+            Ok((descriptors, _)) => {
+                let (offset, size) = descriptors
+                    .iter()
+                    .find(|(entry, ..)| *entry == id)
+                    .map(|&(_, offset, size)| (offset, size))
+                    .ok_or_else(|| FormatError::NoSuchEntry { id: id.into() })?;
+                let end = offset.saturating_add(size);
+                let last = descriptors
+                    .iter()
+                    .all(|&(_, o, s)| o.saturating_add(s) <= end);
+                break (offset, size, last);
+            }
+            Err(FormatError::HeaderTruncated { .. }) if widen(bundle.len()) < declared => {
+                window = window.saturating_mul(2);
+            }
+            Err(error) => return Err(error),
+        }
+    };
+    let end = offset
+        .checked_add(size)
+        .filter(|&end| end <= declared)
+        .ok_or_else(|| FormatError::EntryOutOfBounds {
+            id: id.into(),
+            offset,
+            size,
+            len: declared,
+        })?;
     if last {
         // Nothing would be left to skip: read the whole and check it as `decompress` does.
         read_rest(&mut decoder, &mut bundle, &header)?;
@@ -512,85 +529,6 @@ pub fn extract_entry<'a>(bytes: &'a [u8], id: &str) -> Result<Cow<'a, [u8]>, For
     }
     let range = narrow(offset)?..narrow(end)?;
     Ok(Cow::Owned(bundle.get(range).unwrap_or_default().to_vec()))
-}
-
-/// The entry `id` of a plain bundle of `len` bytes whose first bytes `fill(head, n)` appends to
-/// `head` until it holds `n` of them: the header is read in a window of [`HEADER_WINDOW`] bytes
-/// (ours fit in it), doubled while the header runs past it. Returns the entry's offset and
-/// size, placed as [`OffloadBundle::parse`] requires, and whether no code object ends after it.
-fn find_entry<E: From<FormatError>>(
-    head: &mut Vec<u8>,
-    len: u64,
-    id: &str,
-    mut fill: impl FnMut(&mut Vec<u8>, u64) -> Result<(), E>,
-) -> Result<(u64, u64, bool), E> {
-    let mut window = HEADER_WINDOW;
-    loop {
-        fill(head, window.min(len))?;
-        match read_header(head, len) {
-            Ok((descriptors, header_len)) => {
-                let descriptor = descriptors
-                    .iter()
-                    .find(|(entry, ..)| *entry == id)
-                    .copied()
-                    .ok_or_else(|| FormatError::NoSuchEntry { id: id.into() })?;
-                check_placement(header_len, len, descriptor)?;
-                let (_, offset, size) = descriptor;
-                let end = offset + size;
-                let last = descriptors
-                    .iter()
-                    .all(|&(_, o, s)| o.saturating_add(s) <= end);
-                return Ok((offset, size, last));
-            }
-            Err(FormatError::HeaderTruncated { .. }) if widen(head.len()) < len => {
-                window = window.saturating_mul(2);
-            }
-            Err(error) => return Err(error.into()),
-        }
-    }
-}
-
-/// Why [`read_entry`] could not read a code object.
-#[derive(Debug, thiserror::Error)]
-pub enum ReadError {
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-    #[error(transparent)]
-    Format(#[from] FormatError),
-}
-
-/// The code object `id` of the plain bundle that `file` holds, `len` bytes long, read alone:
-/// the header, then the entry's bytes, nothing of the other entries. Header and entry are
-/// checked as [`extract_entry`] checks them.
-///
-/// This is how hkload takes a code image from a bundle folder. Copying the one image costs less
-/// than mapping the file, whose pages the driver would then fault in as it reads the image: on
-/// the development machine, a 661 KB image read this way and then copied once more (as the
-/// driver does) took 47 µs against 79 µs mapped, 19 µs of which is that last copy alone.
-///
-/// ```
-/// use std::io::Cursor;
-/// use hkload::offload::{read_entry, write_bundle};
-///
-/// let image = vec![0x7f; 100];
-/// let bundle = write_bundle(&[("hipv4-amdgcn-amd-amdhsa--gfx942", &image)])?;
-/// let len = bundle.len() as u64;
-/// let read = read_entry(Cursor::new(bundle), len, "hipv4-amdgcn-amd-amdhsa--gfx942")?;
-/// assert_eq!(read, image);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub fn read_entry<R: Read + Seek>(mut file: R, len: u64, id: &str) -> Result<Vec<u8>, ReadError> {
-    file.rewind()?;
-    let mut head = Vec::new();
-    let (offset, size, _) = find_entry(&mut head, len, id, |head: &mut Vec<u8>, n| {
-        let have = head.len();
-        head.resize(narrow(n)?, 0);
-        file.read_exact(&mut head[have..]).map_err(ReadError::Io)
-    })?;
-    file.seek(SeekFrom::Start(offset))?;
-    let mut image = vec![0; narrow(size)?];
-    file.read_exact(&mut image)?;
-    Ok(image)
 }
 
 /// Whether `bytes` starts like a compressed bundle.
@@ -1931,72 +1869,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    /// [`read_entry`] of entry `id` from `bytes`, in the terms of [`extract_entry`].
-    fn read_alone(bytes: &[u8], id: &str) -> Result<Vec<u8>, FormatError> {
-        match read_entry(std::io::Cursor::new(bytes), bytes.len() as u64, id) {
-            Ok(image) => Ok(image),
-            Err(ReadError::Format(error)) => Err(error),
-            Err(ReadError::Io(error)) => panic!("reading from memory failed: {error}"),
-        }
-    }
-
-    /// Whether reading each entry (and one that is not there) alone gives what extracting it
-    /// from the whole bundle gives: the same image or the same error.
-    fn reads_as_extracted(bytes: &[u8], ids: &[&str]) -> bool {
-        ids.iter()
-            .chain(&["absent"])
-            .all(|id| read_alone(bytes, id) == extract_entry(bytes, id).map(Cow::into_owned))
-    }
-
-    #[test]
-    fn an_entry_read_alone_is_the_entry_extracted() {
-        let ids = [GFX90A, GFX942, SM_90];
-        let bundle = sample();
-        assert!(reads_as_extracted(&bundle, &ids));
-        assert_eq!(read_alone(&bundle, GFX942).unwrap(), code_object(2, 5000));
-        for len in 0..bundle.len() {
-            assert!(
-                reads_as_extracted(&bundle[..len], &ids),
-                "a {len}-byte prefix"
-            );
-        }
-        let small = small_bundle();
-        let mut mutated = small.clone();
-        for at in 0..small.len() {
-            mutated[at] ^= 0x5a;
-            assert!(
-                reads_as_extracted(&mutated, &[GFX90A, GFX942]),
-                "byte {at} changed"
-            );
-            mutated[at] = small[at];
-        }
-
-        // A header past the first window is read in a larger one.
-        let ids: Vec<String> = (0..120).map(|i| format!("{GFX942}-{i:03}")).collect();
-        let descriptors: Vec<(u64, u64, &[u8])> = ids
-            .iter()
-            .enumerate()
-            .map(|(i, id)| (3 * 4096 + i as u64 * 4096, 9, id.as_bytes()))
-            .collect();
-        let large = raw_bundle(&descriptors, 122 * 4096 + 9);
-        let (_, header_len) = read_header(&large, large.len() as u64).unwrap();
-        assert!(header_len > 2 * HEADER_WINDOW);
-        assert_eq!(read_alone(&large, &ids[119]).unwrap(), vec![0xc3; 9]);
-        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-        assert!(reads_as_extracted(&large, &ids));
-    }
-
-    #[test]
-    fn a_file_shorter_than_its_length_is_an_io_error() {
-        let bundle = sample();
-        let len = bundle.len() as u64;
-        let error = read_entry(std::io::Cursor::new(&bundle[..5000]), len, SM_90).unwrap_err();
-        assert!(
-            matches!(&error, ReadError::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof),
-            "{error:?}"
-        );
     }
 
     // Interoperability with LLVM's own tool.

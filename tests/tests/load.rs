@@ -423,8 +423,8 @@ fn a_bundle_folder_gives_the_driver_what_the_embedded_files_give() {
         assert_eq!(from_folder, embedded, "compressed: {compress}");
     }
 
-    // The module file's own errors, as a folder reports them (a plain bundle's image is read
-    // alone, so its header is all that is checked besides the image's hash).
+    // The module file's own errors, as a folder reports them: its size and form against the
+    // manifest, then, in a plain bundle, its header and the chosen image's hash.
     let (_package, dir) = small_bundle(false);
     let module_path = dir.join("scale.hipfb");
     let module = std::fs::read(&module_path).unwrap();

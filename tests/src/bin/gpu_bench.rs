@@ -9,10 +9,10 @@
 //!   kernel once (then synchronise), against raw `cuModuleLoadData` of the same image in memory
 //!   plus the same launch (the target's baseline), against raw `cuModuleLoad` of that image
 //!   written to a file (what a program without hkload that ships its cubins as files does),
-//!   against raw `cuModuleLoadData` of the cubin read alone from the bundle's own module file
+//!   against raw `cuModuleLoadData` of the cubin mapped from the bundle's own module file
 //!   (plain bundles: what taking the bytes from the page cache costs, which hkload pays too, so
-//!   that what hkload takes beyond it is its own work) and of the cubin mapped from that file
-//!   (the other way to take them), and against loading the module's PTX (the driver's JIT). Every repetition unloads its module; the context is created before
+//!   that what hkload takes beyond it is its own work), and against loading the module's PTX
+//!   (the driver's JIT). Every repetition unloads its module; the context is created before
 //!   anything is timed. Run with `CUDA_CACHE_DISABLE=1` for JIT times without the driver's
 //!   compute cache.
 //! * (b) Launch overhead: CPU time per launch of hkload's checked launch, of the CUDA driver
@@ -30,7 +30,6 @@ mod device_case;
 
 use std::ffi::{CStr, CString, c_void};
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::ptr;
@@ -238,10 +237,9 @@ struct Images {
     /// What verification hashes on the way to the first launch: the chosen code image and the
     /// index.
     hashed_bytes: u64,
-    /// The module file and where the chosen image lies in it (offset, length), when that is a
-    /// cubin in a plain file (a compressed file holds no image to read or map, and PTX needs a
-    /// NUL after it).
-    in_file: Option<(PathBuf, usize, usize)>,
+    /// The module file and where the chosen image starts in it, when that is a cubin in a plain
+    /// file (a compressed file holds no image to map, and PTX needs a NUL after it).
+    mapped: Option<(PathBuf, usize)>,
 }
 
 impl Images {
@@ -275,11 +273,10 @@ impl Images {
             .filter(|id| *id != chosen_id);
         let index_size = std::fs::metadata(dir.join(INDEX_FILE)).map_err(text)?.len();
         let chosen = entry(&chosen_id)?;
-        let in_file = if offload::is_compressed(&file) || chosen_id.image_kind() == ImageKind::Ptx {
+        let mapped = if offload::is_compressed(&file) || chosen_id.image_kind() == ImageKind::Ptx {
             None
         } else {
-            let offset = usize::try_from(chosen.offset).map_err(text)?;
-            Some((path, offset, chosen.bytes.len()))
+            Some((path, usize::try_from(chosen.offset).map_err(text)?))
         };
         Ok(Self {
             module: module.name().to_owned(),
@@ -293,7 +290,7 @@ impl Images {
                 .find(|entry| entry.id == chosen_id)
                 .map_or(0, |entry| entry.size)
                 + index_size,
-            in_file,
+            mapped,
         })
     }
 
@@ -368,19 +365,8 @@ impl RawModule {
         Self::with_function(module, symbol)
     }
 
-    /// Reads the `len` bytes at `offset` in the file at `path` into fresh memory and loads them
-    /// with `cuModuleLoadData`, as hkload does with a plain bundle (without its checks).
-    fn load_read(path: &Path, offset: usize, len: usize, symbol: &CStr) -> Result<Self, String> {
-        let failed = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
-        let mut file = File::open(path).map_err(failed)?;
-        file.seek(SeekFrom::Start(offset as u64)).map_err(failed)?;
-        let mut image = vec![0; len];
-        file.read_exact(&mut image).map_err(failed)?;
-        Self::load(&image, symbol)
-    }
-
     /// Maps the file at `path` and loads the image that starts at `offset` in it, with
-    /// `cuModuleLoadData`.
+    /// `cuModuleLoadData`, as hkload does with a plain bundle (without its checks).
     fn load_mapped(path: &Path, offset: usize, symbol: &CStr) -> Result<Self, String> {
         let file = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
         // SAFETY: read-only and private; nothing rewrites the bundle while the benchmark runs.
@@ -579,8 +565,8 @@ struct ColdStart {
     verify_off: Stats,
     raw: Stats,
     raw_file: Stats,
-    /// Raw `cuModuleLoadData` of the image read alone from the bundle's module file.
-    raw_read: Option<Stats>,
+    /// Raw `cuModuleLoadData` of the image mapped from the bundle's module file.
+    raw_mapped: Option<Stats>,
     reps: (usize, usize),
     /// Phase medians of the first three rows, named by [`HKLOAD_PHASES`] and [`RAW_PHASES`].
     phases: [Vec<f64>; 3],
@@ -589,7 +575,7 @@ struct ColdStart {
 const HKLOAD_PHASES: [&str; 4] = [
     "open (index)",
     "choose code objects",
-    "load module (read image, verify, load)",
+    "load module (map, extract, verify, load)",
     "first launch + synchronise",
 ];
 const RAW_PHASES: [&str; 2] = ["load module", "first launch + synchronise"];
@@ -622,25 +608,16 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
             || RawModule::load_file(&file.c_path, &setup.symbol),
         ),
     ];
-    // The rows of the image in the module file, where there are any, follow these four.
-    if let Some((path, offset, len)) = &images.in_file {
-        variants.extend([
-            raw_variant(
-                setup,
-                params,
-                format!("raw cuModuleLoadData, {kind} read"),
-                cold,
-                || RawModule::load_read(path, *offset, *len, &setup.symbol),
-            ),
-            raw_variant(
-                setup,
-                params,
-                format!("raw cuModuleLoadData, {kind} mapped"),
-                cold,
-                || RawModule::load_mapped(path, *offset, &setup.symbol),
-            ),
-        ]);
-    }
+    // The mapped row, where there is one, follows these four.
+    variants.extend(images.mapped.as_ref().map(|(path, offset)| {
+        raw_variant(
+            setup,
+            params,
+            format!("raw cuModuleLoadData, {kind} mapped"),
+            cold,
+            || RawModule::load_mapped(path, *offset, &setup.symbol),
+        )
+    }));
     variants.extend(images.ptx.as_ref().map(|(_, ptx)| {
         let name = "raw cuModuleLoadData, PTX (JIT)".to_owned();
         raw_variant(setup, params, name, (PTX_WARMUP, PTX_REPS), || {
@@ -657,7 +634,7 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
         verify_off: variants[1].stats(),
         raw: variants[2].stats(),
         raw_file: variants[3].stats(),
-        raw_read: images.in_file.is_some().then(|| variants[4].stats()),
+        raw_mapped: images.mapped.is_some().then(|| variants[4].stats()),
         reps: (COLD_REPS, PTX_REPS),
         phases: [0, 1, 2].map(|i| variants[i].phase_medians()),
     })
@@ -917,13 +894,13 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
          the file is read from the page cache, as hkload's are)",
         cold.verify_off.median / cold.raw_file.median
     );
-    if let Some(read) = cold.raw_read {
+    if let Some(mapped) = cold.raw_mapped {
         println!(
-            "    beside it: hkload (verify off) / raw cuModuleLoadData of the image read from \
+            "    beside it: hkload (verify off) / raw cuModuleLoadData of the image mapped from \
              the bundle file: {:.2}x, {} more (no target; hkload's own work: the index, the \
              choice, the kernel's record and checks)",
-            cold.verify_off.median / read.median,
-            seconds(cold.verify_off.median - read.median)
+            cold.verify_off.median / mapped.median,
+            seconds(cold.verify_off.median - mapped.median)
         );
     }
     println!(
