@@ -57,10 +57,10 @@ HK_DEVICE void activation(T* out, const T* x, unsigned long long n, Act act) {
 
 }  // namespace
 
-#define HK_ACTIVATION(act, Act, name, T)                                                     \
-  HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void act##_##name(T* out, const T* x,                  \
-                                                       unsigned long long n) {              \
-    activation<T>(out, x, n, Act{});                                                         \
+#define HK_ACTIVATION(act, Act, name, T)                                                      \
+  HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void act##_##name(                                       \
+      T* out, const T* x, unsigned long long n) {                                             \
+    activation<T>(out, x, n, Act{});                                                          \
   }
 #define HK_ACTIVATION_ALL_TYPES(act, Act) \
   HK_ACTIVATION(act, Act, bf16, hk::bf16) \

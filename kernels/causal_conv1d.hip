@@ -167,16 +167,16 @@ HK_DEVICE void causal_conv1d(T* out, const T* x, const T* weight, const T* bias,
 
 }  // namespace
 
-#define HK_CAUSAL_CONV1D(name, T)                                                            \
-  HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void causal_conv1d_##name(                              \
-      T* out, const T* x, const T* weight, unsigned batch, unsigned dim, unsigned seqlen,    \
-      unsigned width) {                                                                      \
-    causal_conv1d<false, T>(out, x, weight, nullptr, batch, dim, seqlen, width);             \
-  }                                                                                          \
-  HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void causal_conv1d_bias_silu_##name(                    \
-      T* out, const T* x, const T* weight, const T* bias, unsigned batch, unsigned dim,      \
-      unsigned seqlen, unsigned width) {                                                     \
-    causal_conv1d<true, T>(out, x, weight, bias, batch, dim, seqlen, width);                 \
+#define HK_CAUSAL_CONV1D(name, T)                                                             \
+  HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void causal_conv1d_##name(                               \
+      T* out, const T* x, const T* weight, unsigned batch, unsigned dim, unsigned seqlen,     \
+      unsigned width) {                                                                       \
+    causal_conv1d<false, T>(out, x, weight, nullptr, batch, dim, seqlen, width);              \
+  }                                                                                           \
+  HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void causal_conv1d_bias_silu_##name(                     \
+      T* out, const T* x, const T* weight, const T* bias, unsigned batch, unsigned dim,       \
+      unsigned seqlen, unsigned width) {                                                      \
+    causal_conv1d<true, T>(out, x, weight, bias, batch, dim, seqlen, width);                  \
   }
 HK_CAUSAL_CONV1D(bf16, hk::bf16)
 HK_CAUSAL_CONV1D(f16, hk::f16)

@@ -50,8 +50,8 @@ HK_DEVICE void act_and_mul(T* __restrict__ out, const T* __restrict__ x, unsigne
 }  // namespace
 
 #define HK_GATED(act, Act, name, T)                                                           \
-  HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void act##_and_mul_##name(T* out, const T* x,           \
-                                                               unsigned rows, unsigned cols) { \
+  HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void act##_and_mul_##name(                               \
+      T* out, const T* x, unsigned rows, unsigned cols) {                                     \
     act_and_mul<T>(out, x, rows, cols, Act{});                                                \
   }
 #define HK_GATED_ALL_TYPES(act, Act) \

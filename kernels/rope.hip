@@ -144,16 +144,16 @@ HK_DEVICE void rope(T* out, const T* x, const float* cos, const float* sin, unsi
 
 }  // namespace
 
-#define HK_ROPE(style, S, name, T)                                                           \
-  HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void rope_##style##_bhsd_##name(                        \
+#define HK_ROPE(style, S, name, T)                                                            \
+  HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void rope_##style##_bhsd_##name(                         \
       T* out, const T* x, const float* cos, const float* sin, unsigned batch, unsigned heads, \
       unsigned seq, unsigned dim, unsigned rot_dim) {                                         \
     const unsigned long long vectors = static_cast<unsigned long long>(batch) * heads * seq;  \
     rope<S>(out, x, cos, sin, vectors, dim, rot_dim, [=](unsigned v) { return v % seq; });    \
-  }                                                                                          \
-  HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void rope_##style##_thd_##name(                         \
-      T* out, const T* x, const float* cos, const float* sin, const int* positions,          \
-      unsigned tokens, unsigned heads, unsigned dim, unsigned rot_dim) {                     \
+  }                                                                                           \
+  HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void rope_##style##_thd_##name(                          \
+      T* out, const T* x, const float* cos, const float* sin, const int* positions,           \
+      unsigned tokens, unsigned heads, unsigned dim, unsigned rot_dim) {                      \
     const unsigned long long vectors = static_cast<unsigned long long>(tokens) * heads;       \
     rope<S>(out, x, cos, sin, vectors, dim, rot_dim,                                          \
             [=](unsigned v) { return static_cast<unsigned>(positions[v / heads]); });         \

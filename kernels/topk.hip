@@ -333,10 +333,10 @@ HK_DEVICE void topk(T* values, int* indices, const T* x, unsigned rows, unsigned
 #define TOPK_LAUNCH_BOUNDS HK_LAUNCH_BOUNDS(kBlock)
 #endif
 
-#define HK_TOPK(name, T)                                                                     \
-  HK_KERNEL TOPK_LAUNCH_BOUNDS void topk_##name(T* values, int* indices, const T* x,  \
-                                                      unsigned rows, unsigned n, unsigned k) { \
-    topk<T>(values, indices, x, rows, n, k);                                                 \
+#define HK_TOPK(name, T)                                                                      \
+  HK_KERNEL TOPK_LAUNCH_BOUNDS void topk_##name(                                              \
+      T* values, int* indices, const T* x, unsigned rows, unsigned n, unsigned k) {           \
+    topk<T>(values, indices, x, rows, n, k);                                                  \
   }
 HK_TOPK(bf16, hk::bf16)
 HK_TOPK(f16, hk::f16)
