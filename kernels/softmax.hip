@@ -8,21 +8,22 @@
 // merges them), the second writes the outputs. A row of all -inf gives NaN, as in PyTorch.
 //
 // Symbols: softmax_{bf16,f16,f32}(out, x, rows, cols)
-// Launch: 256 threads per block, each row taken by a team of L lanes, L the smallest power of
-// two from 8 to 256 with L * 64 >= cols * sizeof(T) (each lane holds at most four 16-byte
-// vectors of the row); grid = ceil(rows / (256 / L)). Any grid is correct (teams walk the rows
-// with a grid stride); another one only costs speed.
+// Launch: each row taken by a team of L lanes, L the smallest power of two from 8 to 256 with
+// L * 64 >= cols * sizeof(T) (each lane holds at most four 16-byte vectors of the row); blocks
+// of exactly max(L, 64) threads, grid = ceil(rows / (block / L)). Any grid is correct (teams
+// walk the rows with a grid stride); another one only costs speed.
 #include "hk/hk.h"
 #include "hk/walk.h"
 
 namespace {
 
 constexpr unsigned kBlock = 256;
-// At least 5 blocks per SM: at most 48 registers a thread (see rmsnorm.hip), which softmax
-// holds without spills on every target. On the H100, against 4 blocks, this took 65536 rows
-// of 128 from 15.2 to 14.6 µs; 4096 rows of 8192 went from 49.8-50.4 to 50.2-50.7 µs over
-// four runs each, and the other benchmark shapes stayed within run-to-run noise.
-constexpr unsigned kMinBlocks = 5;
+// At least 5 blocks per SM: at most 48 registers a thread (see rmsnorm.hip), which the 16-bit
+// forms hold without spills on every target. On the H100, against 4 blocks, this took 65536
+// rows of 128 from 15.2 to 14.6 µs; 4096 rows of 8192 went from 49.8-50.4 to 50.2-50.7 µs over
+// four runs each, and the other benchmark shapes stayed within run-to-run noise. The f32 form
+// spills 8 bytes there on sm_90 and takes 4 blocks (64 registers).
+template <typename T> constexpr unsigned kMinBlocks = sizeof(T) == 4 ? 4 : 5;
 
 // The sum of exp(v - max) over some values, with their maximum. (No default member values:
 // block reductions keep these in shared memory, which cannot run constructors.)
@@ -119,7 +120,7 @@ HK_DEVICE void softmax(T* __restrict__ out, const T* __restrict__ x, unsigned ro
 }  // namespace
 
 #define HK_SOFTMAX(name, T)                                                                   \
-  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kMinBlocks)                                   \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, kMinBlocks<T>)                                \
   void softmax_##name(T* out, const T* x, unsigned rows, unsigned cols) {                     \
     softmax<T>(out, x, rows, cols);                                                           \
   }

@@ -3,7 +3,7 @@
 //
 // for_each_row: rows of a row-major [rows, cols] tensor, each handled by a team of threads that
 // walks it in one or more passes (a norm's statistics pass, then its output pass). A team has
-// enough lanes (8 to a whole block) that each lane holds at most 4 16-byte vectors of the row;
+// enough lanes (8 to 256) that each lane holds at most 4 16-byte vectors of the row;
 // teams within a wave need no barriers. Lane t of a team of size S handles the 16-byte vectors t,
 // t + S, t + 2S, ... of the row (coalesced), or single elements the same way when a vector path
 // is impossible (cols not a multiple of the vector width, or a pointer not 16-byte aligned).
@@ -33,6 +33,8 @@ HK_DEVICE unsigned long long row_offset(unsigned row, unsigned cols) {
 // block of kBlock (both powers of two, kLanes <= kBlock), kBlock / kLanes teams per block. A
 // team within a wave reduces with shuffles alone; a larger one through shared memory, at one
 // block barrier per reduction, so all the teams of its block must reduce together (kBarriers).
+// (The number of teams in a block is a constant rather than block_dim_x() / kLanes: computed
+// at run time, it made ptxas spill softmax and the f16 RMSNorm on sm_90.)
 template <unsigned kBlock, unsigned kLanes> class Team {
  public:
   static constexpr unsigned kSize = kLanes;
@@ -242,10 +244,20 @@ template <typename T, typename TeamT, unsigned kTile = 4, unsigned kAhead = 0> c
   bool idle_ = false;
 };
 
+// The smallest block intended for rows (see for_each_row): one AMD wave, two NVIDIA warps. Short
+// rows' teams share blocks of this size rather than of 256 threads: on the H100 that took bf16
+// rows of 128 at 65536 rows from 13.44-13.60 to 13.18-13.34 µs (RMSNorm), 14.40-14.59 to
+// 13.92-14.05 µs (LayerNorm) and 14.37-14.59 to 14.11-14.24 µs (softmax), three runs each,
+// other shapes within run-to-run noise; 32-thread blocks were 10% slower.
+inline constexpr unsigned kMinBlock = 64;
+
 namespace detail {
-template <typename T, unsigned kBlock, unsigned kLanes, unsigned kTile, unsigned kAhead, typename Body>
+// Blocks of kMinBlock threads, or of one team where a team is larger (see for_each_row).
+template <unsigned kLanes> inline constexpr unsigned kRowBlock = kLanes > kMinBlock ? kLanes : kMinBlock;
+
+template <typename T, unsigned kLanes, unsigned kTile, unsigned kAhead, typename Body>
 HK_DEVICE void walk_rows(unsigned rows, unsigned cols, bool aligned, Body& body) {
-  using TeamT = Team<kBlock, kLanes>;
+  using TeamT = Team<kRowBlock<kLanes>, kLanes>;
   RowWalk<T, TeamT, kTile, kAhead> walk(cols, aligned);
   const unsigned stride = grid_dim_x() * TeamT::kPerBlock;
   const unsigned first = block_idx_x() * TeamT::kPerBlock;
@@ -264,14 +276,17 @@ HK_DEVICE void walk_rows(unsigned rows, unsigned cols, bool aligned, Body& body)
 }  // namespace detail
 
 // Calls `body(walk, row)` for every row of a [rows, cols] tensor of T, in a one-dimensional
-// grid of kBlock-thread blocks: `walk` is the RowWalk of the team that owns the row (the same
-// object for all the rows of a team, so team reductions keep their state). A row of B bytes
-// gets a team of L = team_lanes<kBlock>(B) lanes; intended grid: ceil(rows / (kBlock / L))
-// blocks. Any grid is correct. `body` may see a row index past the last row on an idle team:
-// it must only touch memory through the walk's passes. kAhead: how many per-column vectors the
-// passes read (given to first_pass and to the pass that reads them); with any, rows of at most
-// two vectors a lane get a short-row walk that reads them ahead (see RowWalk). Kernels without
-// them get no such walk: its code would cost them registers elsewhere (softmax, at 48, spills).
+// grid of blocks of at most kBlock threads: `walk` is the RowWalk of the team that owns the row
+// (the same object for all the rows of a team, so team reductions keep their state). A row of
+// B bytes gets a team of L = team_lanes<kBlock>(B) lanes. Launch: blocks of exactly
+// max(L, kMinBlock) threads, ideally ceil(rows / (block / L)) of them; any grid is correct, but
+// teams laid out for one block size cover some rows twice, or none, in blocks of another. (A
+// check of the block size here made ptxas spill softmax on sm_90.) `body` may see a row index
+// past the last row on an idle team: it must only touch memory through the walk's passes.
+// kAhead: how many per-column vectors the passes read (given to first_pass and to the pass that
+// reads them); with any, rows of at most two vectors a lane get a short-row walk that reads them
+// ahead (see RowWalk). Kernels without them get no such walk: its code would cost them
+// registers elsewhere (softmax, at 48, spills).
 template <typename T, unsigned kBlock, unsigned kAhead = 0, typename Body>
 HK_DEVICE void for_each_row(unsigned rows, unsigned cols, bool aligned, Body body) {
   // A short row: kShortTile 16-byte vectors a lane of an 8-lane team.
@@ -279,14 +294,14 @@ HK_DEVICE void for_each_row(unsigned rows, unsigned cols, bool aligned, Body bod
   constexpr unsigned long long kShortRowBytes = 8 * kShortTile * 16;
   const unsigned long long row_bytes = static_cast<unsigned long long>(cols) * sizeof(T);
   if (kAhead > 0 && row_bytes <= kShortRowBytes)
-    return detail::walk_rows<T, kBlock, 8, kShortTile, kAhead>(rows, cols, aligned, body);
+    return detail::walk_rows<T, 8, kShortTile, kAhead>(rows, cols, aligned, body);
   switch (team_lanes<kBlock>(row_bytes)) {
-    case 8: return detail::walk_rows<T, kBlock, 8, 4, kAhead>(rows, cols, aligned, body);
-    case 16: return detail::walk_rows<T, kBlock, 16, 4, kAhead>(rows, cols, aligned, body);
-    case 32: return detail::walk_rows<T, kBlock, 32, 4, kAhead>(rows, cols, aligned, body);
-    case 64: return detail::walk_rows<T, kBlock, 64, 4, kAhead>(rows, cols, aligned, body);
-    case 128: return detail::walk_rows<T, kBlock, 128, 4, kAhead>(rows, cols, aligned, body);
-    default: return detail::walk_rows<T, kBlock, kBlock, 4, kAhead>(rows, cols, aligned, body);
+    case 8: return detail::walk_rows<T, 8, 4, kAhead>(rows, cols, aligned, body);
+    case 16: return detail::walk_rows<T, 16, 4, kAhead>(rows, cols, aligned, body);
+    case 32: return detail::walk_rows<T, 32, 4, kAhead>(rows, cols, aligned, body);
+    case 64: return detail::walk_rows<T, 64, 4, kAhead>(rows, cols, aligned, body);
+    case 128: return detail::walk_rows<T, 128, 4, kAhead>(rows, cols, aligned, body);
+    default: return detail::walk_rows<T, kBlock, 4, kAhead>(rows, cols, aligned, body);
   }
 }
 

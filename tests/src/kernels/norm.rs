@@ -9,7 +9,8 @@
 //! - `layernorm_T(out, x, weight, bias, eps, rows, cols)`
 //! - `fused_add_layernorm_T(out, residual, x, weight, bias, eps, rows, cols)`, likewise.
 //!
-//! Launch: [`row_launch_dims`], blocks of [`BLOCK_THREADS`] threads, 1 to 32 rows per block.
+//! Launch: [`row_launch_dims`], blocks of [`MIN_BLOCK_THREADS`] to [`BLOCK_THREADS`] threads, 1 to
+//! 8 rows per block.
 
 use hkload::abi::{ScalarType, ScalarValue};
 use hkload::driver::LaunchDims;
@@ -18,8 +19,13 @@ use rand::Rng;
 use crate::case::{Case, CaseArg, Expect};
 use crate::host::{epsilon, random_rounded, round_to};
 
-/// Threads in a block of every row kernel (the norms here and softmax).
+/// Threads in the largest block of the row kernels (the norms here and softmax), their launch
+/// bound, and so the most lanes a team of theirs has.
 pub const BLOCK_THREADS: u32 = 256;
+
+/// Threads in the smallest block the row kernels are launched with: teams of fewer lanes share
+/// a block of this size (`kMinBlock` in `kernels/include/hk/walk.h` says why 64).
+pub const MIN_BLOCK_THREADS: u32 = 64;
 
 /// Lanes of the team that takes one row of `row_bytes` in the row kernels: enough that each
 /// lane holds at most 64 bytes of the row, a power of two from 8 to a whole block.
@@ -31,13 +37,26 @@ pub fn team_lanes(row_bytes: u64) -> u32 {
     lanes
 }
 
-/// The launch the row kernels (the norms here and softmax) are written for: blocks of
-/// [`BLOCK_THREADS`] holding `BLOCK_THREADS / team_lanes` teams, one row per team. (They are
-/// correct with any grid; teams stride over the rows.)
+/// The launch the row kernels (the norms here and softmax) are written for: blocks of one team
+/// or of [`MIN_BLOCK_THREADS`], whichever is larger, one row per team. (They are correct with
+/// any grid, as teams stride over the rows, but only with this block size.)
 pub fn row_launch_dims(ty: ScalarType, rows: usize, cols: usize) -> LaunchDims {
     let lanes = team_lanes(cols as u64 * u64::from(ty.size()));
-    let rows_per_block = (BLOCK_THREADS / lanes) as usize;
-    LaunchDims::linear(rows.div_ceil(rows_per_block).max(1) as u32, BLOCK_THREADS)
+    let block = lanes.max(MIN_BLOCK_THREADS);
+    let rows_per_block = (block / lanes) as usize;
+    LaunchDims::linear(rows.div_ceil(rows_per_block).max(1) as u32, block)
+}
+
+/// [`row_launch_dims`] with the block count a test case sets, if it sets one.
+pub(crate) fn launch_dims(
+    ty: ScalarType,
+    rows: usize,
+    cols: usize,
+    grid: Option<u32>,
+) -> LaunchDims {
+    let mut dims = row_launch_dims(ty, rows, cols);
+    dims.grid[0] = grid.unwrap_or(dims.grid[0]);
+    dims
 }
 
 /// `x · weight / sqrt(mean(x²) + eps)` for one row.
@@ -233,10 +252,7 @@ fn case(kind: NormKind, ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Cas
         CaseArg::Scalar(ScalarValue::U32(rows as u32)),
         CaseArg::Scalar(ScalarValue::U32(cols as u32)),
     ]);
-    let mut dims = row_launch_dims(ty, rows, cols);
-    if let Some(blocks) = grid {
-        dims.grid[0] = blocks;
-    }
+    let dims = launch_dims(ty, rows, cols, grid);
     Case {
         kernel: format!("{}_{}", kind.name(), ty.name()),
         label: format!(
@@ -310,22 +326,34 @@ mod tests {
             256,
             "a block at most; longer rows go in tiles"
         );
-        let grid = |ty, rows, cols| row_launch_dims(ty, rows, cols).grid[0];
+        let launch = |ty, rows, cols| {
+            let dims = row_launch_dims(ty, rows, cols);
+            (dims.grid[0], dims.block[0])
+        };
         assert_eq!(
-            grid(ScalarType::Bf16, 64, 256),
-            2,
-            "512 bytes: 32 rows a block"
+            launch(ScalarType::Bf16, 64, 256),
+            (8, 64),
+            "512 bytes: 8 lanes, 8 rows a block of 64"
         );
-        assert_eq!(grid(ScalarType::F32, 64, 1024), 16, "4 KiB: 4 rows a block");
         assert_eq!(
-            grid(ScalarType::Bf16, 64, 8192),
-            64,
-            "16 KiB: a block a row"
+            launch(ScalarType::F32, 64, 1024),
+            (64, 64),
+            "4 KiB: 64 lanes, a block a row"
         );
-        assert_eq!(grid(ScalarType::F16, 0, 7), 1, "a grid is never empty");
         assert_eq!(
-            row_launch_dims(ScalarType::F16, 3, 7).block,
-            [BLOCK_THREADS, 1, 1]
+            launch(ScalarType::Bf16, 64, 4096),
+            (64, 128),
+            "8 KiB: 128 lanes"
+        );
+        assert_eq!(
+            launch(ScalarType::Bf16, 64, 100_000),
+            (64, BLOCK_THREADS),
+            "longer rows: a whole block a row"
+        );
+        assert_eq!(
+            launch(ScalarType::F16, 0, 7),
+            (1, 64),
+            "a grid is never empty"
         );
     }
 
@@ -343,7 +371,12 @@ mod tests {
                 _ => panic!("{}: no dtype suffix", case.kernel),
             };
             assert_eq!(case.args.len(), want_args, "{}", case.kernel);
-            assert_eq!(case.dims.block, [BLOCK_THREADS, 1, 1]);
+            let threads = case.dims.block[0];
+            assert!(
+                threads.is_power_of_two() && (MIN_BLOCK_THREADS..=BLOCK_THREADS).contains(&threads),
+                "{}: blocks of {threads}",
+                case.label
+            );
         }
         let elements: usize = cases
             .iter()

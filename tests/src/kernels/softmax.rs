@@ -11,7 +11,7 @@ use rand::Rng;
 
 use crate::case::{Case, CaseArg};
 use crate::host::{epsilon, round_to};
-use crate::kernels::norm::row_launch_dims;
+use crate::kernels::norm::launch_dims;
 
 /// The softmax of one row, computed after subtracting the row's maximum so that no exp
 /// overflows.
@@ -35,7 +35,8 @@ pub fn tolerance(ty: ScalarType) -> (f64, f64) {
 }
 
 /// One shape: inputs uniform in `[-range, range)`; `masked` sets every third element to −inf
-/// (an attention mask), which must come out as exactly 0.
+/// (an attention mask), which must come out as exactly 0. `grid` overrides the launch's block
+/// count, as for the norms.
 #[derive(Debug, Clone, Copy)]
 struct Shape {
     rows: usize,
@@ -112,10 +113,7 @@ fn case(ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Case {
         .collect();
     let want: Vec<f64> = x.chunks(cols).flat_map(softmax).collect();
     let (abs, rel) = tolerance(ty);
-    let mut dims = row_launch_dims(ty, rows, cols);
-    if let Some(blocks) = grid {
-        dims.grid[0] = blocks;
-    }
+    let dims = launch_dims(ty, rows, cols, grid);
     Case {
         kernel: format!("softmax_{}", ty.name()),
         label: format!(
