@@ -72,9 +72,9 @@
 //! let rmsnorm = kernels.kernel("rmsnorm_bf16")?;
 //! let args = [Arg::from(&mut out), Arg::from(&x), Arg::from(&weight), Arg::from(1e-6f32),
 //!             Arg::from(rows), Arg::from(cols)];
-//! // The launch shape is the kernel's own (its source says): 256 threads, and for 4096
-//! // bf16 columns a team of 128 lanes a row, so 2 rows a block.
-//! let dims = LaunchDims::linear(rows.div_ceil(2), 256);
+//! // The launch shape is the kernel's own (its source says): for 4096 bf16 columns a team of
+//! // 128 lanes a row, in blocks of 128 threads, so a block a row.
+//! let dims = LaunchDims::linear(rows, 128);
 //! // SAFETY: the buffers hold `rows * cols` and `cols` elements, as the kernel reads them,
 //! // and outlive the kernel: `synchronize` waits for it.
 //! unsafe { rmsnorm.launch(&dims, StreamHandle::DEFAULT, &args)? };
