@@ -326,35 +326,41 @@ mod tests {
             256,
             "a block at most; longer rows go in tiles"
         );
-        let launch = |ty, rows, cols| {
+        // (element type, rows, cols) -> (blocks, threads a block)
+        for (ty, rows, cols, want, why) in [
+            (
+                ScalarType::Bf16,
+                64,
+                256,
+                (8, 64),
+                "512 bytes: 8 lanes, 8 rows a block of 64",
+            ),
+            (
+                ScalarType::F32,
+                64,
+                1024,
+                (64, 64),
+                "4 KiB: 64 lanes, a block a row",
+            ),
+            (
+                ScalarType::Bf16,
+                64,
+                4096,
+                (64, 128),
+                "8 KiB: 128 lanes, a block a row",
+            ),
+            (
+                ScalarType::Bf16,
+                64,
+                100_000,
+                (64, BLOCK_THREADS),
+                "longer rows: a whole block",
+            ),
+            (ScalarType::F16, 0, 7, (1, 64), "a grid is never empty"),
+        ] {
             let dims = row_launch_dims(ty, rows, cols);
-            (dims.grid[0], dims.block[0])
-        };
-        assert_eq!(
-            launch(ScalarType::Bf16, 64, 256),
-            (8, 64),
-            "512 bytes: 8 lanes, 8 rows a block of 64"
-        );
-        assert_eq!(
-            launch(ScalarType::F32, 64, 1024),
-            (64, 64),
-            "4 KiB: 64 lanes, a block a row"
-        );
-        assert_eq!(
-            launch(ScalarType::Bf16, 64, 4096),
-            (64, 128),
-            "8 KiB: 128 lanes"
-        );
-        assert_eq!(
-            launch(ScalarType::Bf16, 64, 100_000),
-            (64, BLOCK_THREADS),
-            "longer rows: a whole block a row"
-        );
-        assert_eq!(
-            launch(ScalarType::F16, 0, 7),
-            (1, 64),
-            "a grid is never empty"
-        );
+            assert_eq!((dims.grid[0], dims.block[0]), want, "{why}");
+        }
     }
 
     #[test]
