@@ -246,9 +246,9 @@ template <typename T, typename TeamT, unsigned kTile = 4, unsigned kAhead = 0> c
 
 // The smallest block intended for rows (see for_each_row): one AMD wave, two NVIDIA warps. Short
 // rows' teams share blocks of this size rather than of 256 threads: on the H100 that took bf16
-// rows of 128 at 65536 rows from 13.44-13.60 to 13.18-13.34 µs (RMSNorm), 14.40-14.59 to
-// 13.92-14.05 µs (LayerNorm) and 14.37-14.59 to 14.11-14.24 µs (softmax), three runs each,
-// other shapes within run-to-run noise; 32-thread blocks were 10% slower.
+// rows of 128 at 65536 rows from 13.54 to 13.31 µs (RMSNorm), 14.46 to 13.95 µs (LayerNorm) and
+// 14.37 to 14.14 µs (softmax), medians of three runs each; the benchmark's other shapes of the
+// norms and softmax moved by -1.2% to +1.3%. 32-thread blocks were 10-11% slower.
 inline constexpr unsigned kMinBlock = 64;
 
 namespace detail {
