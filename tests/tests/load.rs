@@ -428,10 +428,13 @@ fn a_bundle_folder_gives_the_driver_what_the_embedded_files_give() {
     let (_package, dir) = small_bundle(false);
     let module_path = dir.join("scale.hipfb");
     let module = std::fs::read(&module_path).unwrap();
-    let error_with = |bytes: &[u8]| {
-        std::fs::write(&module_path, bytes).unwrap();
+    let load_error = || {
         let error = images_everywhere(&Bundle::open(&dir).unwrap()).unwrap_err();
         error.to_string()
+    };
+    let error_with = |bytes: &[u8]| {
+        std::fs::write(&module_path, bytes).unwrap();
+        load_error()
     };
     let len = module.len();
     let error = error_with(&module[..len - 1]);
@@ -457,9 +460,7 @@ fn a_bundle_folder_gives_the_driver_what_the_embedded_files_give() {
     );
     std::fs::remove_file(&module_path).unwrap();
     std::fs::create_dir(&module_path).unwrap();
-    let error = images_everywhere(&Bundle::open(&dir).unwrap())
-        .unwrap_err()
-        .to_string();
+    let error = load_error();
     assert!(error.contains("it is not a regular file"), "{error}");
 }
 

