@@ -7,7 +7,10 @@
 //!
 //! * (a) Cold start: open the bundle, choose the code object, load its module and launch one
 //!   kernel once (then synchronise), against raw `cuModuleLoadData` of the same image in memory
-//!   plus the same launch (the target's baseline), against raw `cuModuleLoad` of that image
+//!   plus the same launch (the target's baseline). hkload opens the bundle folder, and, beside
+//!   that, the same bundle embedded in the program ([`Bundle::from_bytes`], every file read into
+//!   memory beforehand as `include_bytes!` would have them), which takes its bytes from memory
+//!   as the baseline does. The raw load is also measured raw `cuModuleLoad` of that image
 //!   written to a file (what a program without hkload that ships its cubins as files does),
 //!   against raw `cuModuleLoadData` of the cubin mapped from the bundle's own module file
 //!   (plain bundles: what taking the bytes from the page cache costs, which hkload pays too, so
@@ -191,6 +194,7 @@ fn run() -> Result<bool, String> {
             ..case.dims
         },
         args: &args,
+        embedded: embed(&options.bundle)?,
         arg_slots,
         packed,
     };
@@ -218,10 +222,34 @@ struct Setup<'a> {
     /// The case's launch shape shrunk to one block: the cheapest launch that is still real.
     tiny: LaunchDims,
     args: &'a [Arg<'a>],
+    /// Every file of the bundle folder, in memory: the bundle as a program embeds it.
+    embedded: Vec<(&'static str, &'static [u8])>,
     /// `(offset, size)` of each argument in the packed buffer.
     arg_slots: Vec<(u32, u32)>,
     /// `args` packed at the kernel's offsets, as hkload hands them to the driver.
     packed: Vec<u8>,
+}
+
+/// Every file of the bundle folder `dir`, read into memory for the rest of the program, under its
+/// file name: what a program that embeds the bundle holds.
+fn embed(dir: &Path) -> Result<Vec<(&'static str, &'static [u8])>, String> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(text)?.path();
+        if !path.is_file() {
+            continue;
+        }
+        let name = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .ok_or_else(|| format!("{} has a file name that is not UTF-8", dir.display()))?;
+        let bytes =
+            std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        files.push((&*name.to_owned().leak(), &*bytes.leak()));
+    }
+    Ok(files)
 }
 
 /// The code images of the kernel's module, read straight from the bundle for the raw calls.
@@ -563,13 +591,16 @@ struct ColdStart {
     rows: Vec<(String, Stats)>,
     verify_on: Stats,
     verify_off: Stats,
+    /// hkload (verify off) with the bundle embedded.
+    embedded: Stats,
     raw: Stats,
     raw_file: Stats,
     /// Raw `cuModuleLoadData` of the image mapped from the bundle's module file.
     raw_mapped: Option<Stats>,
     reps: (usize, usize),
-    /// Phase medians of the first three rows, named by [`HKLOAD_PHASES`] and [`RAW_PHASES`].
-    phases: [Vec<f64>; 3],
+    /// Phase medians of hkload's rows (verify on, off, embedded) and of the raw row, named by
+    /// [`HKLOAD_PHASES`] and [`RAW_PHASES`].
+    phases: [Vec<f64>; 4],
 }
 
 const HKLOAD_PHASES: [&str; 4] = [
@@ -588,11 +619,17 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
     let kind = images.chosen_kind();
     let mut variants = vec![
         Variant::new("hkload, verify on", COLD_WARMUP, COLD_REPS, || {
-            hkload_cold_start(setup, true)
+            hkload_cold_start(setup, Source::Folder, true)
         }),
         Variant::new("hkload, verify off", COLD_WARMUP, COLD_REPS, || {
-            hkload_cold_start(setup, false)
+            hkload_cold_start(setup, Source::Folder, false)
         }),
+        Variant::new(
+            "hkload embedded, verify off",
+            COLD_WARMUP,
+            COLD_REPS,
+            || hkload_cold_start(setup, Source::Embedded, false),
+        ),
         raw_variant(
             setup,
             params,
@@ -608,7 +645,7 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
             || RawModule::load_file(&file.c_path, &setup.symbol),
         ),
     ];
-    // The mapped row, where there is one, follows these four.
+    // The mapped row, where there is one, follows these five.
     variants.extend(images.mapped.as_ref().map(|(path, offset)| {
         raw_variant(
             setup,
@@ -632,11 +669,12 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
             .collect(),
         verify_on: variants[0].stats(),
         verify_off: variants[1].stats(),
-        raw: variants[2].stats(),
-        raw_file: variants[3].stats(),
-        raw_mapped: images.mapped.is_some().then(|| variants[4].stats()),
+        embedded: variants[2].stats(),
+        raw: variants[3].stats(),
+        raw_file: variants[4].stats(),
+        raw_mapped: images.mapped.is_some().then(|| variants[5].stats()),
         reps: (COLD_REPS, PTX_REPS),
-        phases: [0, 1, 2].map(|i| variants[i].phase_medians()),
+        phases: [0, 1, 2, 3].map(|i| variants[i].phase_medians()),
     })
 }
 
@@ -654,11 +692,28 @@ fn raw_variant<'a>(
     })
 }
 
+/// Where a cold start through hkload finds the bundle.
+#[derive(Clone, Copy)]
+enum Source {
+    /// The bundle folder, [`Setup::dir`].
+    Folder,
+    /// The folder's files in memory, [`Setup::embedded`].
+    Embedded,
+}
+
 /// Seconds to open the bundle and run the kernel once through hkload, in [`HKLOAD_PHASES`].
-fn hkload_cold_start(setup: &Setup<'_>, verify_hashes: bool) -> Result<Phases, String> {
+fn hkload_cold_start(
+    setup: &Setup<'_>,
+    source: Source,
+    verify_hashes: bool,
+) -> Result<Phases, String> {
     let options = OpenOptions { verify_hashes };
     let mut lap = Lap::start();
-    let bundle = Bundle::open_with(setup.dir, options).map_err(text)?;
+    let bundle = match source {
+        Source::Folder => Bundle::open_with(setup.dir, options),
+        Source::Embedded => Bundle::from_bytes(&setup.embedded, options),
+    }
+    .map_err(text)?;
     lap.split();
     let loaded = bundle.load(setup.device).map_err(text)?;
     lap.split();
@@ -875,8 +930,12 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
         split(&HKLOAD_PHASES, &cold.phases[1])
     );
     println!(
+        "      hkload embedded:    {}",
+        split(&HKLOAD_PHASES, &cold.phases[2])
+    );
+    println!(
         "      raw:                {}",
-        split(&RAW_PHASES, &cold.phases[2])
+        split(&RAW_PHASES, &cold.phases[3])
     );
     for (name, stats) in [
         ("verify off", cold.verify_off),
@@ -889,6 +948,11 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
             verdict(ratio <= COLD_TARGET)
         );
     }
+    println!(
+        "    beside it: hkload with the bundle embedded (verify off) / raw cubin: {:.2}x (no \
+         target; the bundle's bytes are in memory, as the raw row's image is)",
+        cold.embedded.median / cold.raw.median
+    );
     println!(
         "    beside it: hkload (verify off) / raw cuModuleLoad of the file: {:.2}x (no target; \
          the file is read from the page cache, as hkload's are)",
