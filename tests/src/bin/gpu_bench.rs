@@ -7,17 +7,16 @@
 //!
 //! * (a) Cold start: open the bundle, choose the code object, load its module and launch one
 //!   kernel once (then synchronise), against raw `cuModuleLoadData` of the same image in memory
-//!   plus the same launch (the target's baseline). hkload opens the bundle folder, and, beside
-//!   that, the same bundle embedded in the program ([`Bundle::from_bytes`], every file read into
-//!   memory beforehand as `include_bytes!` would have them), which takes its bytes from memory
-//!   as the baseline does. The raw load is also measured raw `cuModuleLoad` of that image
-//!   written to a file (what a program without hkload that ships its cubins as files does),
-//!   against raw `cuModuleLoadData` of the cubin mapped from the bundle's own module file
-//!   (plain bundles: what taking the bytes from the page cache costs, which hkload pays too, so
-//!   that what hkload takes beyond it is its own work), and against loading the module's PTX
-//!   (the driver's JIT). Every repetition unloads its module; the context is created before
-//!   anything is timed. Run with `CUDA_CACHE_DISABLE=1` for JIT times without the driver's
-//!   compute cache.
+//!   plus the same launch (the target's baseline). hkload opens the bundle folder and, beside
+//!   that, the same bundle embedded in the program ([`Bundle::from_bytes`] over every file,
+//!   read into memory beforehand as `include_bytes!` would hold them), which takes its bytes
+//!   from memory as the baseline does. Further raw rows: `cuModuleLoad` of the image written to
+//!   a file of its own (what a program without hkload that ships its cubins as files does),
+//!   `cuModuleLoadData` of the cubin mapped from the bundle's own module file (plain bundles:
+//!   what taking the bytes from the page cache costs, which hkload pays too, so that what
+//!   hkload takes beyond it is its own work), and loading the module's PTX (the driver's JIT).
+//!   Every repetition unloads its module; the context is created before anything is timed. Run
+//!   with `CUDA_CACHE_DISABLE=1` for JIT times without the driver's compute cache.
 //! * (b) Launch overhead: CPU time per launch of hkload's checked launch, of the CUDA driver
 //!   layer alone (packed arguments, no checks), and of raw `cuLaunchKernel` with `kernelParams`
 //!   and with the packed buffer in `extra`. One-block grid, batches of launches synchronised in
