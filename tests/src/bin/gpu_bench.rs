@@ -139,7 +139,8 @@ fn run() -> Result<bool, String> {
         Some(name) => format!("hk_tests has no test case for kernel `{name}`"),
         None => "no kernel of the bundle has a test case".into(),
     })?;
-    let images = Images::read(&options.bundle, &bundle, &device, &case.kernel)?;
+    let embedded = embed(&options.bundle)?;
+    let images = Images::read(&options.bundle, &embedded, &bundle, &device, &case.kernel)?;
     println!(
         "bundle {}; kernel {} ({}); module {} ({} bytes hashed when verifying)",
         options.bundle.display(),
@@ -193,7 +194,7 @@ fn run() -> Result<bool, String> {
             ..case.dims
         },
         args: &args,
-        embedded: embed(&options.bundle)?,
+        embedded,
         arg_slots,
         packed,
     };
@@ -251,7 +252,7 @@ fn embed(dir: &Path) -> Result<Vec<(&'static str, &'static [u8])>, String> {
     Ok(files)
 }
 
-/// The code images of the kernel's module, read straight from the bundle for the raw calls.
+/// The code images of the kernel's module, taken from the bundle's files for the raw calls.
 struct Images {
     module: String,
     /// The entry hkload chooses for the device.
@@ -270,15 +271,29 @@ struct Images {
 }
 
 impl Images {
-    fn read(dir: &Path, bundle: &Bundle, device: &Device, kernel: &str) -> Result<Self, String> {
+    /// `files` are the folder's files as [`embed`] read them, so that nothing is read twice.
+    fn read(
+        dir: &Path,
+        files: &[(&str, &[u8])],
+        bundle: &Bundle,
+        device: &Device,
+        kernel: &str,
+    ) -> Result<Self, String> {
+        let file_bytes = |name: &str| {
+            files
+                .iter()
+                .find(|(file, _)| *file == name)
+                .map(|(_, bytes)| *bytes)
+                .ok_or_else(|| format!("{} has no file {name}", dir.display()))
+        };
         let table = bundle.table();
         let module = table
             .find_kernel(kernel)
             .and_then(|at| table.module(at.module))
             .ok_or_else(|| format!("the bundle has no kernel `{kernel}`"))?;
         let path = dir.join(module.file());
-        let file = std::fs::read(&path).map_err(text)?;
-        let unpacked = offload::decompress(&file).map_err(text)?;
+        let file = file_bytes(module.file())?;
+        let unpacked = offload::decompress(file).map_err(text)?;
         let parsed = OffloadBundle::parse(&unpacked).map_err(text)?;
         let entry = |id: &EntryId| {
             parsed
@@ -298,9 +313,9 @@ impl Images {
             .chosen()
             .map(|(id, _)| *id)
             .filter(|id| *id != chosen_id);
-        let index_size = std::fs::metadata(dir.join(INDEX_FILE)).map_err(text)?.len();
+        let index_size = file_bytes(INDEX_FILE)?.len() as u64;
         let chosen = entry(&chosen_id)?;
-        let mapped = if offload::is_compressed(&file) || chosen_id.image_kind() == ImageKind::Ptx {
+        let mapped = if offload::is_compressed(file) || chosen_id.image_kind() == ImageKind::Ptx {
             None
         } else {
             Some((path, usize::try_from(chosen.offset).map_err(text)?))
@@ -617,17 +632,13 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
     let cold = (COLD_WARMUP, COLD_REPS);
     let kind = images.chosen_kind();
     let mut variants = vec![
-        Variant::new("hkload, verify on", COLD_WARMUP, COLD_REPS, || {
-            hkload_cold_start(setup, Source::Folder, true)
-        }),
-        Variant::new("hkload, verify off", COLD_WARMUP, COLD_REPS, || {
-            hkload_cold_start(setup, Source::Folder, false)
-        }),
-        Variant::new(
+        hkload_variant(setup, "hkload, verify on", Source::Folder, true),
+        hkload_variant(setup, "hkload, verify off", Source::Folder, false),
+        hkload_variant(
+            setup,
             "hkload embedded, verify off",
-            COLD_WARMUP,
-            COLD_REPS,
-            || hkload_cold_start(setup, Source::Embedded, false),
+            Source::Embedded,
+            false,
         ),
         raw_variant(
             setup,
@@ -674,6 +685,18 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
         raw_mapped: images.mapped.is_some().then(|| variants[5].stats()),
         reps: (COLD_REPS, PTX_REPS),
         phases: [0, 1, 2, 3].map(|i| variants[i].phase_medians()),
+    })
+}
+
+/// A cold-start variant through hkload, as [`hkload_cold_start`] times it.
+fn hkload_variant<'a>(
+    setup: &'a Setup<'_>,
+    name: &str,
+    source: Source,
+    verify_hashes: bool,
+) -> Variant<'a> {
+    Variant::new(name, COLD_WARMUP, COLD_REPS, move || {
+        hkload_cold_start(setup, source, verify_hashes)
     })
 }
 
