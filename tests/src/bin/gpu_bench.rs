@@ -943,22 +943,15 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
         parts.join(", ")
     };
     println!("    where the time goes (phase medians):");
-    println!(
-        "      hkload, verify on:  {}",
-        split(&HKLOAD_PHASES, &cold.phases[0])
-    );
-    println!(
-        "      hkload, verify off: {}",
-        split(&HKLOAD_PHASES, &cold.phases[1])
-    );
-    println!(
-        "      hkload embedded:    {}",
-        split(&HKLOAD_PHASES, &cold.phases[2])
-    );
-    println!(
-        "      raw:                {}",
-        split(&RAW_PHASES, &cold.phases[3])
-    );
+    let phase_rows = [
+        ("hkload, verify on:", &HKLOAD_PHASES[..]),
+        ("hkload, verify off:", &HKLOAD_PHASES),
+        ("hkload embedded:", &HKLOAD_PHASES),
+        ("raw:", &RAW_PHASES),
+    ];
+    for ((label, names), medians) in phase_rows.into_iter().zip(&cold.phases) {
+        println!("      {label:<19} {}", split(names, medians));
+    }
     for (name, stats) in [
         ("verify off", cold.verify_off),
         ("verify on", cold.verify_on),
@@ -971,8 +964,9 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
         );
     }
     println!(
-        "    beside it: hkload with the bundle embedded (verify off) / raw cubin: {:.2}x (no \
+        "    beside it: hkload with the bundle embedded (verify off) / raw {}: {:.2}x (no \
          target; the bundle's bytes are in memory, as the raw row's image is)",
+        images.chosen_kind(),
         cold.embedded.median / cold.raw.median
     );
     println!(
