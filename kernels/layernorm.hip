@@ -89,15 +89,15 @@ HK_DEVICE void layernorm(T* __restrict__ out, const T* __restrict__ x,
   });
 }
 
-// out and x are not __restrict__: out may be x. Its weight and bias are not read ahead on short
-// rows (see hk::for_each_row): with that walk's code, ptxas spills 16 bytes of the f16 form on
-// sm_80 under its 80 registers.
+// out and x are not __restrict__: out may be x. Short rows take the shared walk, with the
+// weight and bias read only by the output pass (see hk::ShortRows): with their own walk's code,
+// ptxas spills 16 bytes of the f16 form on sm_80 under its 80 registers.
 template <typename T>
 HK_DEVICE void fused_add_layernorm(T* out, T* __restrict__ residual, const T* x,
                                    const T* __restrict__ weight, const T* __restrict__ bias,
                                    float eps, unsigned rows, unsigned cols) {
   const bool aligned = hk::aligned16(out, residual, x, weight, bias);
-  hk::for_each_row<T, kBlock>(rows, cols, aligned, [&](auto& walk, unsigned r) {
+  hk::for_each_row<T, kBlock, 0, hk::ShortRows::kShared>(rows, cols, aligned, [&](auto& walk, unsigned r) {
     const T* xr = x + hk::row_offset(r, cols);
     T* resr = residual + hk::row_offset(r, cols);
     float sum = 0.0f;
