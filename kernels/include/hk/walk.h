@@ -11,7 +11,8 @@
 // 4096 f32 elements with 256-thread blocks); longer rows are read again by later passes, two
 // vectors a lane at a time, mostly from cache. A later pass can also hand each pack the packs
 // at the same columns of per-column vectors (a norm's weight and bias), read ahead of their use;
-// on short rows (at most two vectors a lane) the first pass already reads them, with the row.
+// on short rows (at most two vectors a lane), which take a walk of their own unless the kernel
+// opts out (ShortRows), the first pass already reads them, with the row.
 //
 // for_each_pack: a grid walks a flat array of n elements in 16-byte vectors with a grid stride,
 // finishing a ragged end element by element.
