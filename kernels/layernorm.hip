@@ -14,10 +14,7 @@
 //
 // Symbols: layernorm_{bf16,f16,f32}(out, x, weight, bias, eps, rows, cols)
 //          fused_add_layernorm_{bf16,f16,f32}(out, residual, x, weight, bias, eps, rows, cols)
-// Launch: each row taken by a team of L lanes, L the smallest power of two from 8 to 256 with
-// L * 64 >= cols * sizeof(T) (each lane holds at most four 16-byte vectors of the row); blocks
-// of exactly max(L, 64) threads, grid = ceil(rows / (block / L)). Any grid is correct (teams
-// walk the rows with a grid stride); another one only costs speed.
+// Launch: the rule of every row kernel, in hk::for_each_row (hk/walk.h), with kBlock = 256.
 #include "hk/hk.h"
 #include "hk/residual.h"
 #include "hk/walk.h"

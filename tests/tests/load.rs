@@ -429,8 +429,9 @@ fn a_bundle_folder_gives_the_driver_what_the_embedded_files_give() {
     let module_path = dir.join("scale.hipfb");
     let module = std::fs::read(&module_path).unwrap();
     let load_error = || {
-        let error = images_everywhere(&Bundle::open(&dir).unwrap()).unwrap_err();
-        error.to_string()
+        images_everywhere(&Bundle::open(&dir).unwrap())
+            .unwrap_err()
+            .to_string()
     };
     let error_with = |bytes: &[u8]| {
         std::fs::write(&module_path, bytes).unwrap();
