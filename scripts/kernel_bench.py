@@ -117,12 +117,13 @@ def speedup(baseline: dict | None, ours: float | None) -> float | None:
     return base / ours
 
 
-def share_of_copy(row: dict, copy_bw: float | None) -> float | None:
-    """Our effective bandwidth (bytes moved / time) as a share of the copy bandwidth."""
-    ours = row["ours"].get("median_us")
-    if ours is None or not copy_bw:
+def share_of_copy(row: dict, copy_bw: float | None, side: str = "ours") -> float | None:
+    """The effective bandwidth (the row's bytes moved / the time of `side`) as a share of the
+    copy bandwidth."""
+    took = (row.get(side) or {}).get("median_us")
+    if took is None or not copy_bw:
         return None
-    return row["bytes"] / (ours * 1e-6) / copy_bw
+    return row["bytes"] / (took * 1e-6) / copy_bw
 
 
 def render_table(report: dict) -> str:
@@ -242,7 +243,7 @@ def judge_targets(report: dict) -> list[str]:
         share = share_of_copy(row, copy_bw)
         oks.append(None if share is None else share >= BANDWIDTH_TARGET)
         parts.append(f"{kernel} {row['shape']} " + ("-" if share is None else f"{share:.1%}"))
-        same = share_of_copy({**row, "ours": row.get("same_size_copy") or {}}, copy_bw)
+        same = share_of_copy(row, copy_bw, "same_size_copy")
         if same is not None:
             copies.append(f"{kernel} {same:.1%}")
     ok = False if False in oks else (None if None in oks or not oks else True)
