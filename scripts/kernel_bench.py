@@ -177,12 +177,12 @@ def by_kernel(records: list[dict]) -> dict[str, list[dict]]:
     return groups
 
 
-def largest_shapes(records: list[dict]) -> dict[str, dict]:
+def largest_shapes(kernels: dict[str, list[dict]]) -> dict[str, dict]:
     """Each memory-bound kernel's largest shape by bytes moved, where the bandwidth target is
-    judged (top-k is not memory-bound)."""
+    judged (top-k is not memory-bound), from the records grouped by `by_kernel`."""
     return {
         kernel: max(rows, key=lambda row: row["bytes"])
-        for kernel, rows in by_kernel(records).items()
+        for kernel, rows in kernels.items()
         if kernel != "topk"
     }
 
@@ -190,8 +190,9 @@ def largest_shapes(records: list[dict]) -> dict[str, dict]:
 def measuring_order(records: list[dict]) -> list[int]:
     """The order to time PyTorch in: first the shapes the targets judge (each kernel's median
     and largest shape, top-k with K=32), so a spent compile budget costs only the others."""
-    judged = {id(median_shape(rows)) for rows in by_kernel(records).values()}
-    judged |= {id(record) for record in largest_shapes(records).values()}
+    kernels = by_kernel(records)
+    judged = {id(median_shape(rows)) for rows in kernels.values()}
+    judged |= {id(record) for record in largest_shapes(kernels).values()}
     judged |= {id(r) for r in records if r["kernel"] == "topk" and r["params"].get("k") == 32}
     first = [i for i, record in enumerate(records) if id(record) in judged]
     return first + [i for i in range(len(records)) if i not in first]
@@ -239,7 +240,7 @@ def judge_targets(report: dict) -> list[str]:
 
     # 3. At least 90 % of the copy bandwidth at the largest shape of each memory-bound kernel.
     parts, oks, copies = [], [], []
-    for kernel, row in largest_shapes(rows).items():
+    for kernel, row in largest_shapes(kernels).items():
         share = share_of_copy(row, copy_bw)
         oks.append(None if share is None else share >= BANDWIDTH_TARGET)
         parts.append(f"{kernel} {row['shape']} " + ("-" if share is None else f"{share:.1%}"))
@@ -821,7 +822,7 @@ def main() -> int:
 
         section = time.perf_counter()
         rows: list[dict | None] = [None] * len(ours)
-        bandwidth_judged = {id(record) for record in largest_shapes(ours).values()}
+        bandwidth_judged = {id(record) for record in largest_shapes(by_kernel(ours)).values()}
         for index in measuring_order(ours):
             record = ours[index]
             print(f"== torch: {record['kernel']} {record['shape']}", flush=True)
