@@ -10,12 +10,15 @@ namespace hk {
 
 inline constexpr float kLog2e = 1.44269504088896341f;
 
-// 2^x, about 1 ulp. Results below the smallest normal may flush to 0.
+// 2^x, about 1 ulp. Results below the smallest normal may flush to 0 (and denormal x counts
+// as 0). On NVIDIA the flushing form is one instruction; the other wraps it in a scaling
+// check for denormal results, which took softmax of bf16 rows of 128 on the H100 from 7.17 to
+// 6.98 µs at 16384 rows and from 13.41 to 13.09 µs at 65536 rows (medians of six rounds).
 HK_DEVICE float exp2(float x) {
 #if HK_AMD
   return __builtin_amdgcn_exp2f(x);
 #else
-  return __nvvm_ex2_approx_f(x);
+  return __nvvm_ex2_approx_ftz_f(x);
 #endif
 }
 
