@@ -3,12 +3,13 @@
 //
 // for_each_row: rows of a row-major [rows, cols] tensor, each handled by a team of threads that
 // walks it in one or more passes (a norm's statistics pass, then its output pass). A team has
-// enough lanes (8 to 256) that each lane holds at most 4 16-byte vectors of the row;
-// teams within a wave need no barriers. Lane t of a team of size S handles the 16-byte vectors t,
-// t + S, t + 2S, ... of the row (coalesced), or single elements the same way when a vector path
-// is impossible (cols not a multiple of the vector width, or a pointer not 16-byte aligned).
+// enough lanes (a power of two from 8 to the kernel's kBlock) that each lane holds at most 4
+// 16-byte vectors of the row; teams within a wave need no barriers. Lane t of a team of size S
+// handles the 16-byte vectors t, t + S, t + 2S, ... of the row (coalesced), or single elements
+// the same way when a vector path is impossible (cols not a multiple of the vector width, or a
+// pointer not 16-byte aligned).
 // Rows of up to 4 vectors per lane stay in registers between passes (up to 8192 bf16/f16 or
-// 4096 f32 elements with 256-thread blocks); longer rows are read again by later passes, two
+// 4096 f32 elements with kBlock = 256); longer rows are read again by later passes, two
 // vectors a lane at a time, mostly from cache. A later pass can also hand each pack the packs
 // at the same columns of per-column vectors (a norm's weight and bias), read ahead of their use;
 // on short rows (at most two vectors a lane), which take a walk of their own unless the kernel
