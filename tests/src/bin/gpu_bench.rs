@@ -601,20 +601,54 @@ fn measure(variants: &mut [Variant<'_>]) -> Result<(), String> {
 }
 
 struct ColdStart {
-    /// Every variant's name and statistics, in the order they are measured and printed.
+    /// Every variant's name and statistics, in the order they are measured and printed: the
+    /// [`Row`]s, then the mapped row and the PTX row where there are such.
     rows: Vec<(String, Stats)>,
-    verify_on: Stats,
-    verify_off: Stats,
-    /// hkload (verify off) with the bundle embedded.
-    embedded: Stats,
-    raw: Stats,
-    raw_file: Stats,
     /// Raw `cuModuleLoadData` of the image mapped from the bundle's module file.
     raw_mapped: Option<Stats>,
     reps: (usize, usize),
-    /// Phase medians of hkload's rows (verify on, off, embedded) and of the raw row, named by
-    /// [`HKLOAD_PHASES`] and [`RAW_PHASES`].
-    phases: [Vec<f64>; 4],
+    /// Label, phase names and phase medians of each row that reports its phases.
+    phases: Vec<(&'static str, &'static [&'static str], Vec<f64>)>,
+}
+
+impl ColdStart {
+    fn stats(&self, row: Row) -> Stats {
+        self.rows[row as usize].1
+    }
+}
+
+/// The cold-start rows every run has, in the order they are measured and printed, which is
+/// also their place in [`ColdStart::rows`].
+#[derive(Clone, Copy)]
+enum Row {
+    VerifyOn,
+    VerifyOff,
+    /// hkload (verify off) with the bundle embedded.
+    Embedded,
+    Raw,
+    RawFile,
+}
+
+impl Row {
+    const ALL: [Row; 5] = [
+        Row::VerifyOn,
+        Row::VerifyOff,
+        Row::Embedded,
+        Row::Raw,
+        Row::RawFile,
+    ];
+
+    /// The label of the row's phase medians and the names of its phases, for the rows whose
+    /// phases are printed.
+    fn phases(self) -> Option<(&'static str, &'static [&'static str])> {
+        match self {
+            Row::VerifyOn => Some(("hkload, verify on:", &HKLOAD_PHASES)),
+            Row::VerifyOff => Some(("hkload, verify off:", &HKLOAD_PHASES)),
+            Row::Embedded => Some(("hkload embedded:", &HKLOAD_PHASES)),
+            Row::Raw => Some(("raw:", &RAW_PHASES)),
+            Row::RawFile => None,
+        }
+    }
 }
 
 const HKLOAD_PHASES: [&str; 4] = [
@@ -628,34 +662,36 @@ const RAW_PHASES: [&str; 2] = ["load module", "first launch + synchronise"];
 fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
     let mut param_pointers = kernel_params(setup);
     let params = RawArgs::Params(param_pointers.as_mut_ptr());
-    let file = ImageFile::write(&images.chosen)?;
+    let file = &ImageFile::write(&images.chosen)?;
     let cold = (COLD_WARMUP, COLD_REPS);
     let kind = images.chosen_kind();
-    let mut variants = vec![
-        hkload_variant(setup, "hkload, verify on", Source::Folder, true),
-        hkload_variant(setup, "hkload, verify off", Source::Folder, false),
-        hkload_variant(
-            setup,
-            "hkload embedded, verify off",
-            Source::Embedded,
-            false,
-        ),
-        raw_variant(
-            setup,
-            params,
-            format!("raw cuModuleLoadData, {kind}"),
-            cold,
-            || RawModule::load(&images.chosen, &setup.symbol),
-        ),
-        raw_variant(
-            setup,
-            params,
-            format!("raw cuModuleLoad, {kind} file"),
-            cold,
-            || RawModule::load_file(&file.c_path, &setup.symbol),
-        ),
-    ];
-    // The mapped row, where there is one, follows these five.
+    let mut variants: Vec<Variant<'_>> = Row::ALL
+        .map(|row| match row {
+            Row::VerifyOn => hkload_variant(setup, "hkload, verify on", Source::Folder, true),
+            Row::VerifyOff => hkload_variant(setup, "hkload, verify off", Source::Folder, false),
+            Row::Embedded => hkload_variant(
+                setup,
+                "hkload embedded, verify off",
+                Source::Embedded,
+                false,
+            ),
+            Row::Raw => raw_variant(
+                setup,
+                params,
+                format!("raw cuModuleLoadData, {kind}"),
+                cold,
+                move || RawModule::load(&images.chosen, &setup.symbol),
+            ),
+            Row::RawFile => raw_variant(
+                setup,
+                params,
+                format!("raw cuModuleLoad, {kind} file"),
+                cold,
+                move || RawModule::load_file(&file.c_path, &setup.symbol),
+            ),
+        })
+        .into();
+    // The mapped row, where there is one, follows the fixed rows.
     variants.extend(images.mapped.as_ref().map(|(path, offset)| {
         raw_variant(
             setup,
@@ -677,14 +713,18 @@ fn cold_start(setup: &Setup<'_>, images: &Images) -> Result<ColdStart, String> {
             .iter()
             .map(|variant| (variant.name.clone(), variant.stats()))
             .collect(),
-        verify_on: variants[0].stats(),
-        verify_off: variants[1].stats(),
-        embedded: variants[2].stats(),
-        raw: variants[3].stats(),
-        raw_file: variants[4].stats(),
-        raw_mapped: images.mapped.is_some().then(|| variants[5].stats()),
+        raw_mapped: images
+            .mapped
+            .is_some()
+            .then(|| variants[Row::ALL.len()].stats()),
         reps: (COLD_REPS, PTX_REPS),
-        phases: [0, 1, 2, 3].map(|i| variants[i].phase_medians()),
+        phases: Row::ALL
+            .into_iter()
+            .filter_map(|row| {
+                let (label, names) = row.phases()?;
+                Some((label, names, variants[row as usize].phase_medians()))
+            })
+            .collect(),
     })
 }
 
@@ -907,6 +947,7 @@ fn launch_overhead(setup: &Setup<'_>, images: &Images) -> Result<LaunchOverhead,
 }
 
 fn print_cold_start(cold: &ColdStart, images: &Images) {
+    let median = |row| cold.stats(row).median;
     println!(
         "(a) cold start: open + select + load module + first launch + synchronise; median of {} \
          ({} for PTX), module unloaded between repetitions, context created beforehand",
@@ -928,7 +969,7 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
             seconds(stats.median),
             seconds(stats.p10),
             seconds(stats.p90),
-            stats.median / cold.raw.median
+            stats.median / median(Row::Raw)
         )
     };
     for (name, stats) in &cold.rows {
@@ -943,20 +984,14 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
         parts.join(", ")
     };
     println!("    where the time goes (phase medians):");
-    let phase_rows = [
-        ("hkload, verify on:", &HKLOAD_PHASES[..]),
-        ("hkload, verify off:", &HKLOAD_PHASES),
-        ("hkload embedded:", &HKLOAD_PHASES),
-        ("raw:", &RAW_PHASES),
-    ];
-    for ((label, names), medians) in phase_rows.into_iter().zip(&cold.phases) {
+    for (label, names, medians) in &cold.phases {
         println!("      {label:<19} {}", split(names, medians));
     }
     for (name, stats) in [
-        ("verify off", cold.verify_off),
-        ("verify on", cold.verify_on),
+        ("verify off", cold.stats(Row::VerifyOff)),
+        ("verify on", cold.stats(Row::VerifyOn)),
     ] {
-        let ratio = stats.median / cold.raw.median;
+        let ratio = stats.median / median(Row::Raw);
         println!(
             "    target (a): hkload ({name}) <= {COLD_TARGET:.2}x raw {}: {ratio:.2}x, {}",
             images.chosen_kind(),
@@ -967,27 +1002,27 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
         "    beside it: hkload with the bundle embedded (verify off) / raw {}: {:.2}x (no \
          target; the bundle's bytes are in memory, as the raw row's image is)",
         images.chosen_kind(),
-        cold.embedded.median / cold.raw.median
+        median(Row::Embedded) / median(Row::Raw)
     );
     println!(
         "    beside it: hkload (verify off) / raw cuModuleLoad of the file: {:.2}x (no target; \
          the file is read from the page cache, as hkload's are)",
-        cold.verify_off.median / cold.raw_file.median
+        median(Row::VerifyOff) / median(Row::RawFile)
     );
     if let Some(mapped) = cold.raw_mapped {
         println!(
             "    beside it: hkload (verify off) / raw cuModuleLoadData of the image mapped from \
              the bundle file: {:.2}x, {} more (no target; hkload's own work: the index, the \
              choice, the kernel's record and checks)",
-            cold.verify_off.median / mapped.median,
-            seconds(cold.verify_off.median - mapped.median)
+            median(Row::VerifyOff) / mapped.median,
+            seconds(median(Row::VerifyOff) - mapped.median)
         );
     }
     println!(
         "(c) hash verification: {} per open + first kernel ({:.2}x verify off), hashing {} \
          bytes (the code image and the index)",
-        seconds(cold.verify_on.median - cold.verify_off.median),
-        cold.verify_on.median / cold.verify_off.median,
+        seconds(median(Row::VerifyOn) - median(Row::VerifyOff)),
+        median(Row::VerifyOn) / median(Row::VerifyOff),
         images.hashed_bytes
     );
 }
