@@ -8,16 +8,17 @@
 // Symbols, for T in bf16, f16, f32:
 //   rope_{neox,gptj}_bhsd_T(out, x, cos, sin, batch, heads, seq, dim, rot_dim)
 //       x, out: [batch, heads, seq, dim]; the position of a vector is its sequence index.
-//   rope_{neox,gptj}_thd_T(out, x, cos, sin, positions, tokens, heads, dim, rot_dim)
+//   rope_{neox,gptj}_thd_T(out, x, cos, sin, positions, table_rows, tokens, heads, dim, rot_dim)
 //       x, out: [tokens, heads, dim]; positions: [tokens] int32.
-// cos, sin: f32 tables [positions, rot_dim / 2] (row p holds the angles of position p; every
-// position used must have a row). rot_dim must be even and at most dim (0 only copies); else
-// the kernel writes nothing. `out` may be `x` itself (each element is read before it is
-// written, by the thread that writes it).
+// cos, sin: f32 tables [rows, rot_dim / 2] (row p holds the angles of position p): `seq` rows
+// in the bhsd layout, `table_rows` in the thd one, where a position outside [0, table_rows)
+// reads no table and makes its vector's rotated elements NaN, so that a bad position is seen
+// rather than read out of bounds. rot_dim must be even and at most dim (0 only copies). `out`
+// may be `x` itself (each element is read before it is written, by the thread that writes
+// it).
 //
-// Launch: 256 threads per block, 32 head vectors per block: grid = ceil(vectors / 32), with
-// vectors = batch * heads * seq (or tokens * heads). Blocks stride over the groups of 32, so
-// any grid is correct.
+// Launch: the contract in manifests/rope.toml. Blocks of kBlock threads take kRowsPerBlock
+// vectors at a time and stride over the vectors, so any grid is correct.
 #include "hk/hk.h"
 
 namespace {
@@ -94,6 +95,20 @@ template <Style S, typename T, unsigned kN, unsigned kTail> struct Packs {
     }
   }
 
+  // Writes NaN where rotate_pack would write pack `p`: the vector's position has no table row.
+  HK_DEVICE static void poison_pack(T* out, unsigned p, unsigned half) {
+    const unsigned i = p * kPairs;
+    hk::Pack<T, kN> nan;
+#pragma unroll
+    for (unsigned e = 0; e < kN; ++e) nan.elem[e] = hk::from_float<T>(__builtin_nanf(""));
+    if constexpr (S == Style::NeoX) {
+      hk::store(out + i, nan);
+      hk::store(out + i + half, nan);
+    } else {
+      hk::store(out + 2 * i, nan);
+    }
+  }
+
   // Copies pack `p` of the unrotated tail.
   HK_DEVICE static void copy_pack(T* out, const T* x, unsigned p, unsigned rot_dim) {
     const unsigned i = rot_dim + p * kTail;
@@ -102,10 +117,10 @@ template <Style S, typename T, unsigned kN, unsigned kTail> struct Packs {
 };
 
 // The block's share of the vectors: groups of kRowsPerBlock vectors, their packs spread over
-// the threads. `position(v)` gives the table row of vector v.
+// the threads. `position(v)` gives the table row of vector v, which must be below table_rows.
 template <Style S, typename T, unsigned kN, unsigned kTail, typename Position>
 HK_DEVICE void rope_rows(T* out, const T* x, const float* cos, const float* sin, unsigned vectors,
-                         unsigned dim, unsigned rot_dim, Position position) {
+                         unsigned table_rows, unsigned dim, unsigned rot_dim, Position position) {
   using P = Packs<S, T, kN, kTail>;
   const unsigned half = rot_dim / 2;
   const unsigned rotated = P::rotated(rot_dim);
@@ -118,8 +133,13 @@ HK_DEVICE void rope_rows(T* out, const T* x, const float* cos, const float* sin,
       const unsigned p = item % per_vector;
       const unsigned long long at = static_cast<unsigned long long>(v) * dim;
       if (p < rotated) {
-        const unsigned long long row = static_cast<unsigned long long>(position(v)) * half;
-        P::rotate_pack(out + at, x + at, cos + row, sin + row, p, half);
+        const unsigned position_v = position(v);
+        if (position_v < table_rows) {
+          const unsigned long long row = static_cast<unsigned long long>(position_v) * half;
+          P::rotate_pack(out + at, x + at, cos + row, sin + row, p, half);
+        } else {
+          P::poison_pack(out + at, p, half);
+        }
       } else {
         P::copy_pack(out + at, x + at, p - rotated, rot_dim);
       }
@@ -129,16 +149,17 @@ HK_DEVICE void rope_rows(T* out, const T* x, const float* cos, const float* sin,
 
 template <Style S, typename T, typename Position>
 HK_DEVICE void rope(T* out, const T* x, const float* cos, const float* sin, unsigned long long vectors,
-                    unsigned dim, unsigned rot_dim, Position position) {
+                    unsigned table_rows, unsigned dim, unsigned rot_dim, Position position) {
   if (rot_dim % 2 != 0 || rot_dim > dim || vectors > 0xffffffffull) return;
   constexpr unsigned kVec = hk::kVec16<T>;
   // A 16-byte pack must start 16-byte aligned everywhere: in x and out (so dim, and the tail's
   // start rot_dim, are multiples of kVec, and NeoX's second half too) and in the tables.
   const unsigned rot_unit = S == Style::NeoX ? 2 * kVec : kVec;
   if (dim % kVec == 0 && rot_dim % rot_unit == 0 && hk::aligned16(out, x, cos, sin)) {
-    rope_rows<S, T, kVec, kVec>(out, x, cos, sin, vectors, dim, rot_dim, position);
+    rope_rows<S, T, kVec, kVec>(out, x, cos, sin, vectors, table_rows, dim, rot_dim, position);
   } else {
-    rope_rows<S, T, S == Style::NeoX ? 1 : 2, 1>(out, x, cos, sin, vectors, dim, rot_dim, position);
+    rope_rows<S, T, S == Style::NeoX ? 1 : 2, 1>(out, x, cos, sin, vectors, table_rows, dim, rot_dim,
+                                                 position);
   }
 }
 
@@ -149,13 +170,13 @@ HK_DEVICE void rope(T* out, const T* x, const float* cos, const float* sin, unsi
       T* out, const T* x, const float* cos, const float* sin, unsigned batch, unsigned heads, \
       unsigned seq, unsigned dim, unsigned rot_dim) {                                         \
     const unsigned long long vectors = static_cast<unsigned long long>(batch) * heads * seq;  \
-    rope<S>(out, x, cos, sin, vectors, dim, rot_dim, [=](unsigned v) { return v % seq; });    \
+    rope<S>(out, x, cos, sin, vectors, seq, dim, rot_dim, [=](unsigned v) { return v % seq; }); \
   }                                                                                           \
   HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void rope_##style##_thd_##name(                          \
       T* out, const T* x, const float* cos, const float* sin, const int* positions,           \
-      unsigned tokens, unsigned heads, unsigned dim, unsigned rot_dim) {                      \
+      unsigned table_rows, unsigned tokens, unsigned heads, unsigned dim, unsigned rot_dim) { \
     const unsigned long long vectors = static_cast<unsigned long long>(tokens) * heads;       \
-    rope<S>(out, x, cos, sin, vectors, dim, rot_dim,                                          \
+    rope<S>(out, x, cos, sin, vectors, table_rows, dim, rot_dim,                              \
             [=](unsigned v) { return static_cast<unsigned>(positions[v / heads]); });         \
   }
 HK_ROPE(neox, Style::NeoX, bf16, hk::bf16)

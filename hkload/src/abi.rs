@@ -54,6 +54,11 @@ impl ScalarType {
         }
     }
 
+    /// Whether values of this type are integers (what launch contracts compute with).
+    pub const fn is_integer(self) -> bool {
+        !matches!(self, Self::Bf16 | Self::F16 | Self::F32 | Self::F64)
+    }
+
     /// The spelling used in manifests and messages.
     pub const fn name(self) -> &'static str {
         match self {
@@ -242,6 +247,22 @@ impl ScalarValue {
             Self::U32(_) => ScalarType::U32,
             Self::I64(_) => ScalarType::I64,
             Self::U64(_) => ScalarType::U64,
+        }
+    }
+
+    /// The value as a 64-bit signed integer, for launch contracts: `None` for floating-point
+    /// values and for `u64` values above `i64::MAX`.
+    pub fn as_i64(self) -> Option<i64> {
+        match self {
+            Self::I8(v) => Some(v.into()),
+            Self::U8(v) => Some(v.into()),
+            Self::I16(v) => Some(v.into()),
+            Self::U16(v) => Some(v.into()),
+            Self::I32(v) => Some(v.into()),
+            Self::U32(v) => Some(v.into()),
+            Self::I64(v) => Some(v),
+            Self::U64(v) => i64::try_from(v).ok(),
+            Self::Bf16(_) | Self::F16(_) | Self::F32(_) | Self::F64(_) => None,
         }
     }
 

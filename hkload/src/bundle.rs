@@ -10,11 +10,12 @@ use serde::Serialize;
 
 use crate::device::Device;
 use crate::driver::{FunctionHandle, LaunchDims, ModuleHandle, StreamHandle};
-use crate::error::{Error, LaunchError, Result};
+use crate::error::{Error, Result};
 use crate::file::FileBytes;
 use crate::index::lookup::{KernelAt, Module, Table};
 use crate::index::{INDEX_FILE, Index};
-use crate::launch::{Arg, ArgLayout, shared_memory_limit};
+use crate::contract::Contract;
+use crate::launch::{Arg, ArgLayout};
 use crate::manifest::{
     BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ManifestError, ModuleAbi, ModuleRecord,
     Sha256Digest,
@@ -571,7 +572,8 @@ impl LoadedBundle {
         let layout = ArgLayout::new(
             &record.args,
             abi,
-            shared_memory_limit(self.inner.device.target()),
+            record.contract.as_ref(),
+            &self.inner.device,
         )
         .map_err(|detail| Error::Mismatch {
             what: format!("kernel `{symbol}`"),
@@ -648,30 +650,77 @@ impl Kernel {
         &self.inner.abi
     }
 
-    /// Launches the kernel on `stream` after checking `args` against its signature and
-    /// `dims` against its limits; nothing reaches the driver if a check fails.
+    /// The kernel's launch contract, if its bundle has one (format 1.3 and later).
+    pub fn contract(&self) -> Option<&Contract> {
+        self.inner.layout.contract()
+    }
+
+    /// Calls the kernel on `stream` with its arguments alone: checks them against the
+    /// signature, evaluates the contract (its preconditions, the launch shape, and every
+    /// buffer's extent against the memory passed) and launches. Nothing reaches the driver if
+    /// a check fails; a contract whose grid is empty (nothing to do) launches nothing.
+    ///
+    /// The launch is asynchronous: read results after [`Device::synchronize`]. Buffers stay
+    /// valid meanwhile, as a [`crate::DeviceBuffer`] waits for queued work before it frees
+    /// its memory.
+    ///
+    /// ```no_run
+    /// # use hkload::{abi::ScalarType, driver::StreamHandle, Arg};
+    /// # let bundle = hkload::Bundle::open("dist/hk-kernels-0.1.0")?;
+    /// # let device = hkload::auto::first_device()?;
+    /// # let kernels = bundle.load(&device)?;
+    /// let (rows, cols) = (4u32, 4096u32);
+    /// let x = device.alloc(ScalarType::Bf16, (rows * cols) as usize)?;
+    /// let weight = device.alloc(ScalarType::Bf16, cols as usize)?;
+    /// let mut out = device.alloc(ScalarType::Bf16, (rows * cols) as usize)?;
+    /// let rmsnorm = kernels.kernel("rmsnorm_bf16")?;
+    /// rmsnorm.call(StreamHandle::DEFAULT, &[(&mut out).into(), (&x).into(), (&weight).into(),
+    ///                                      1e-6f32.into(), rows.into(), cols.into()])?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// [`Device::synchronize`]: crate::Device::synchronize
+    pub fn call(&self, stream: StreamHandle, args: &[Arg<'_>]) -> Result<(), Error> {
+        self.checked_launch(None, stream, args)
+    }
+
+    /// Launches the kernel with explicit dimensions, for experts: the arguments are checked
+    /// against the signature, and, where the kernel has a contract, against its preconditions
+    /// and extents; `dims` against the code object's and the device's limits. Nothing reaches
+    /// the driver if a check fails.
     ///
     /// # Safety
     ///
-    /// hkload checks that the arguments fit the kernel's ABI: their number, each one's kind
-    /// (buffer or value), element type, writability, size and device. It cannot know what the
-    /// kernel does with them: the caller promises that the sizes passed describe memory the
-    /// buffers really have, and that every buffer outlives the kernel's execution (which is
-    /// asynchronous: synchronise before dropping them).
+    /// A kernel is correct only for the launch shapes its author meant (its contract computes
+    /// one): the caller promises that `dims` is one of them. For a kernel without a contract
+    /// (a bundle older than format 1.3), the caller also promises that every buffer holds what
+    /// the kernel touches.
     pub unsafe fn launch(
         &self,
         dims: &LaunchDims,
         stream: StreamHandle,
         args: &[Arg<'_>],
     ) -> Result<(), Error> {
+        self.checked_launch(Some(dims), stream, args)
+    }
+
+    fn checked_launch(
+        &self,
+        dims: Option<&LaunchDims>,
+        stream: StreamHandle,
+        args: &[Arg<'_>],
+    ) -> Result<(), Error> {
         let inner = &*self.inner;
         let device = &inner.module.device;
-        inner
+        let launched = inner
             .layout
-            .check_and_pack(&inner.name, device.ordinal(), dims, args, |packed| {
+            .check_and_pack(&inner.name, device, dims, args, |dims, packed| {
                 device.driver().launch(inner.function, dims, stream, packed)
             })
-            .map_err(|e: LaunchError| Error::Launch(e))?
-            .map_err(Error::Driver)
+            .map_err(Error::Launch)?;
+        match launched {
+            Some(result) => result.map_err(Error::Driver),
+            None => Ok(()),
+        }
     }
 }

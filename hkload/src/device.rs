@@ -126,6 +126,11 @@ impl DeviceBuffer {
         self.device.ordinal()
     }
 
+    /// The driver instance the memory belongs to.
+    pub(crate) fn driver(&self) -> &Arc<dyn Driver> {
+        self.device.driver()
+    }
+
     /// Size in bytes.
     pub fn byte_len(&self) -> usize {
         self.len * self.elem.size() as usize
@@ -174,8 +179,11 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        // Nothing useful can be done with a failure to free here; the driver reports it on
-        // its next call if the context is broken.
+        // Kernels run asynchronously: wait for the work queued so far, which may still use
+        // this memory, before freeing it, so that a checked `Kernel::call` can be safe.
+        // Nothing useful can be done with a failure here; the driver reports it on its next
+        // call if the context is broken.
+        let _ = self.device.driver.synchronize(self.device());
         let _ = self.device.driver.free(self.device(), self.ptr);
     }
 }

@@ -101,6 +101,44 @@ pub enum LaunchError {
         found: usize,
     },
 
+    #[error(
+        "kernel `{kernel}` argument {index} (`{param}`) is memory of another {expected} driver instance than the kernel's"
+    )]
+    ArgDriver {
+        kernel: String,
+        index: usize,
+        param: String,
+        expected: &'static str,
+    },
+
     #[error("kernel `{kernel}`: {detail}")]
     Dims { kernel: String, detail: String },
+
+    #[error("kernel `{kernel}`: {message} (`{condition}` is false with {values})")]
+    Requirement {
+        kernel: String,
+        message: String,
+        condition: String,
+        values: String,
+    },
+
+    #[error(
+        "kernel `{kernel}` argument {index} (`{param}`) holds {given} elements, but the kernel may touch {needed} (`{extent}`)"
+    )]
+    Extent {
+        kernel: String,
+        index: usize,
+        param: String,
+        needed: u64,
+        given: usize,
+        extent: String,
+    },
+
+    #[error("kernel `{kernel}`: {detail}")]
+    Contract { kernel: String, detail: String },
+
+    #[error(
+        "kernel `{kernel}` has no launch contract (its bundle predates format 1.3, or its manifest declares none): launch it with explicit dimensions through `Kernel::launch`"
+    )]
+    NoContract { kernel: String },
 }

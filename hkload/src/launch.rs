@@ -1,10 +1,14 @@
 //! Checked launches: arguments are matched against the kernel's declared signature and packed
-//! at the offsets its code object gives, and the launch shape is checked against the code
-//! object's limits, all before the driver is called.
+//! at the offsets its code object gives; the kernel's contract checks its preconditions and
+//! every buffer's extent and computes the launch shape; and the shape is checked against the
+//! code object's and the device's limits; all before the driver is called.
+
+use std::sync::Arc;
 
 use crate::abi::{Param, ParamType, ScalarType, ScalarValue};
-use crate::device::DeviceBuffer;
-use crate::driver::{DevicePtr, LaunchDims};
+use crate::contract::{Contract, EvalError, Facts, MAX_PARAMS, Program, Run};
+use crate::device::{Device, DeviceBuffer};
+use crate::driver::{DevicePtr, Driver, LaunchDims};
 use crate::error::LaunchError;
 use crate::manifest::KernelAbi;
 use crate::target::TargetId;
@@ -22,13 +26,53 @@ pub enum Arg<'a> {
     Scalar(ScalarValue),
 }
 
-/// A device pointer from elsewhere, with the facts hkload cannot find out by itself.
+/// A device pointer from elsewhere (a framework's tensor), with the facts hkload cannot find
+/// out by itself: its device, element type, length and whether the kernel may write it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawPointer {
-    pub ptr: DevicePtr,
-    pub device: usize,
-    pub elem: ScalarType,
-    pub mutable: bool,
+    ptr: DevicePtr,
+    device: usize,
+    elem: ScalarType,
+    len: usize,
+    mutable: bool,
+}
+
+impl RawPointer {
+    /// Describes `len` elements of `elem` at `ptr` on device `device` of the driver the kernel
+    /// runs on.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must address at least `len` elements of `elem` in memory of that device and
+    /// driver, allocated (and, if `mutable`, writable) until every kernel launched with it has
+    /// finished. hkload checks everything else against the kernel's contract.
+    pub const unsafe fn new(
+        ptr: DevicePtr,
+        device: usize,
+        elem: ScalarType,
+        len: usize,
+        mutable: bool,
+    ) -> Self {
+        Self {
+            ptr,
+            device,
+            elem,
+            len,
+            mutable,
+        }
+    }
+
+    pub const fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    pub const fn len(&self) -> usize {
+        self.len
+    }
+
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 impl<'a> From<&'a DeviceBuffer> for Arg<'a> {
@@ -60,29 +104,59 @@ impl Arg<'_> {
             Self::Scalar(v) => format!("a {} value", v.ty()),
         }
     }
+
+    /// Elements the argument holds, if it is memory.
+    fn len(&self) -> Option<usize> {
+        match self {
+            Self::Buffer(b) | Self::BufferMut(b) => Some(b.len()),
+            Self::Raw(r) => Some(r.len),
+            Self::Scalar(_) => None,
+        }
+    }
 }
 
+/// The largest argument buffer hkload packs: far above what either vendor allows (4 KiB of
+/// CUDA parameters, or 32 KiB since Volta with CUDA 12.1; AMD's kernarg segments of our
+/// kernels are a few hundred bytes), so a damaged ABI cannot make a launch allocate more.
+pub const MAX_KERNARG_SIZE: u32 = 32 * 1024;
+
 /// Where each declared parameter goes in the packed argument buffer of one kernel on one
-/// target, and the limits its launches are checked against.
+/// target, the kernel's contract, and the limits its launches are checked against.
 #[derive(Debug, Clone)]
 pub(crate) struct ArgLayout {
     params: Vec<(Param, u32)>,
     size: usize,
+    limits: Limits,
+    contract: Option<(Contract, Program)>,
+    facts: Facts,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    vendor: Vendor,
     max_block_threads: u32,
     static_shared: u32,
     shared_limit: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Vendor {
+    Amd,
+    Nvidia,
 }
 
 /// A packed argument buffer this small lives on the stack; larger ones (rare) on the heap.
 const INLINE_ARGS: usize = 256;
 
 impl ArgLayout {
-    /// Pairs the declared signature with the argument offsets of the code for `target`. hkpack
-    /// checked them at build time; a disagreement here means the manifest was edited by hand.
+    /// Pairs the declared signature with the argument offsets of the code for `target`, and
+    /// binds the kernel's contract. hkpack checked both at build time; a disagreement here
+    /// means the bundle was edited by hand or damaged.
     pub(crate) fn new(
         signature: &[Param],
         abi: &KernelAbi,
-        shared_limit: u32,
+        contract: Option<&Contract>,
+        device: &Device,
     ) -> Result<Self, String> {
         if signature.len() != abi.arg_offsets.len() {
             return Err(format!(
@@ -92,37 +166,88 @@ impl ArgLayout {
                 abi.arg_offsets.len()
             ));
         }
-        let mut params = Vec::with_capacity(signature.len());
-        let mut size = 0usize;
-        for (param, &offset) in signature.iter().zip(&abi.arg_offsets) {
-            if offset % param.ty.align() != 0 {
+        if abi.kernarg_size > MAX_KERNARG_SIZE {
+            return Err(format!(
+                "the code for {} declares {} bytes of arguments, more than the {MAX_KERNARG_SIZE} any target allows",
+                abi.target, abi.kernarg_size
+            ));
+        }
+        let mut params: Vec<(Param, u32)> = signature
+            .iter()
+            .cloned()
+            .zip(abi.arg_offsets.iter().copied())
+            .collect();
+        let mut by_offset: Vec<&(Param, u32)> = params.iter().collect();
+        by_offset.sort_by_key(|(_, offset)| *offset);
+        let mut end = 0u64;
+        for (param, offset) in by_offset {
+            let offset = u64::from(*offset);
+            if offset % u64::from(param.ty.align()) != 0 {
                 return Err(format!(
                     "`{param}` sits at offset {offset} in the code for {}, not a multiple of its alignment",
                     abi.target
                 ));
             }
-            size = size.max(offset as usize + param.ty.size() as usize);
-            params.push((param.clone(), offset));
+            if offset < end {
+                return Err(format!(
+                    "`{param}` at offset {offset} overlaps the argument before it in the code for {}",
+                    abi.target
+                ));
+            }
+            end = offset + u64::from(param.ty.size());
+            if end > u64::from(abi.kernarg_size) {
+                return Err(format!(
+                    "`{param}` at offset {offset} ends past the {} bytes of arguments of the code for {}",
+                    abi.kernarg_size, abi.target
+                ));
+            }
         }
+        // Offsets are now known to lie inside the kernarg segment.
+        params.shrink_to_fit();
+        let contract = contract
+            .map(|c| {
+                c.bind(signature)
+                    .map(|program| (c.clone(), program))
+                    .map_err(|e| format!("its launch contract does not fit its signature: {e}"))
+            })
+            .transpose()?;
+        let vendor = match device.target() {
+            TargetId::Amd(_) => Vendor::Amd,
+            TargetId::Nvidia(_) => Vendor::Nvidia,
+        };
         Ok(Self {
             params,
-            size,
-            max_block_threads: abi.max_flat_workgroup_size,
-            static_shared: abi.group_segment_size,
-            shared_limit,
+            size: end as usize,
+            limits: Limits {
+                vendor,
+                max_block_threads: abi.max_flat_workgroup_size,
+                static_shared: abi.group_segment_size,
+                shared_limit: shared_memory_limit(device.target()),
+            },
+            contract,
+            facts: Facts {
+                wave_size: abi.wavefront_size,
+                compute_units: device.info().compute_units,
+                max_block_threads: abi.max_flat_workgroup_size,
+            },
         })
     }
 
-    /// Checks `args` and `dims`, packs the arguments, and hands the packed bytes to `launch`.
+    pub(crate) fn contract(&self) -> Option<&Contract> {
+        self.contract.as_ref().map(|(c, _)| c)
+    }
+
+    /// Checks `args` (and `dims`, or computes them from the contract when `None`), packs the
+    /// arguments, and hands the shape and packed bytes to `launch`. A contract whose grid is
+    /// empty (no rows to work on, say) launches nothing and returns `Ok(None)`.
     pub(crate) fn check_and_pack<R>(
         &self,
         kernel: &str,
-        device: usize,
-        dims: &LaunchDims,
+        device: &Device,
+        dims: Option<&LaunchDims>,
         args: &[Arg<'_>],
-        launch: impl FnOnce(&[u8]) -> R,
-    ) -> Result<R, LaunchError> {
-        self.check_dims(kernel, dims)?;
+        launch: impl FnOnce(&LaunchDims, &[u8]) -> R,
+    ) -> Result<Option<R>, LaunchError> {
         if args.len() != self.params.len() {
             return Err(LaunchError::ArgCount {
                 kernel: kernel.to_owned(),
@@ -139,28 +264,137 @@ impl ArgLayout {
             heap.resize(self.size, 0);
             &mut heap
         };
+        let mut values = [0i64; MAX_PARAMS];
         for (index, ((param, offset), arg)) in self.params.iter().zip(args).enumerate() {
-            let bytes = argument_bytes(param, arg, device).map_err(|mismatch| match mismatch {
-                ArgMismatch::Type => LaunchError::ArgType {
-                    kernel: kernel.to_owned(),
-                    index,
-                    param: param.to_string(),
-                    expected: describe_param(param.ty),
-                    found: arg.describe(),
-                },
-                ArgMismatch::Device(found) => LaunchError::ArgDevice {
-                    kernel: kernel.to_owned(),
-                    index,
-                    param: param.to_string(),
-                    expected: device,
-                    found,
-                },
+            let bytes = argument_bytes(param, arg, device).map_err(|mismatch| {
+                let (kernel, param) = (kernel.to_owned(), param.to_string());
+                match mismatch {
+                    ArgMismatch::Type => LaunchError::ArgType {
+                        kernel,
+                        index,
+                        param,
+                        expected: describe_param(self.params[index].0.ty),
+                        found: arg.describe(),
+                    },
+                    ArgMismatch::Device(found) => LaunchError::ArgDevice {
+                        kernel,
+                        index,
+                        param,
+                        expected: device.ordinal(),
+                        found,
+                    },
+                    ArgMismatch::Driver => LaunchError::ArgDriver {
+                        kernel,
+                        index,
+                        param,
+                        expected: device.driver().api(),
+                    },
+                }
             })?;
+            if let (Arg::Scalar(value), Some(slot)) = (arg, values.get_mut(index)) {
+                if value.ty().is_integer() {
+                    *slot = value.as_i64().ok_or_else(|| LaunchError::Contract {
+                        kernel: kernel.to_owned(),
+                        detail: format!(
+                            "argument `{param}` is {}, above the 64-bit signed range the contract computes in",
+                            match value {
+                                ScalarValue::U64(v) => v.to_string(),
+                                other => format!("{other:?}"),
+                            }
+                        ),
+                    })?;
+                }
+            }
             let start = *offset as usize;
             let size = param.ty.size() as usize;
+            // In bounds: ArgLayout::new checked every parameter's end against the size.
             packed[start..start + size].copy_from_slice(&bytes[..size]);
         }
-        Ok(launch(packed))
+        let dims = match &self.contract {
+            Some((contract, program)) => {
+                self.check_contract(kernel, contract, program, &values, dims, args)?
+            }
+            None => *dims.ok_or_else(|| LaunchError::NoContract {
+                kernel: kernel.to_owned(),
+            })?,
+        };
+        if dims.grid.contains(&0) && dims.block.iter().all(|&b| b > 0) && self.contract.is_some()
+        {
+            return Ok(None);
+        }
+        self.check_dims(kernel, &dims)?;
+        Ok(Some(launch(&dims, packed)))
+    }
+
+    /// Evaluates the contract for one call: its requirements, the launch shape (unless the
+    /// caller gives one) and every pointer's extent against the memory passed.
+    fn check_contract(
+        &self,
+        kernel: &str,
+        contract: &Contract,
+        program: &Program,
+        values: &[i64],
+        dims: Option<&LaunchDims>,
+        args: &[Arg<'_>],
+    ) -> Result<LaunchDims, LaunchError> {
+        let mut run = program.run(values, &self.facts);
+        let fail = |error: EvalError, run: &mut Run<'_>| match error {
+            EvalError::Unmet { index } => {
+                let requirement = &contract.requires[index];
+                LaunchError::Requirement {
+                    kernel: kernel.to_owned(),
+                    message: requirement.message.clone(),
+                    condition: requirement.check.to_string(),
+                    values: run.values(&requirement.check.names()),
+                }
+            }
+            EvalError::Arithmetic { place, detail } => LaunchError::Contract {
+                kernel: kernel.to_owned(),
+                detail: format!("the contract's {place} cannot be computed: {detail}"),
+            },
+            EvalError::OutOfRange {
+                place,
+                value,
+                limit,
+            } => LaunchError::Contract {
+                kernel: kernel.to_owned(),
+                detail: format!("the contract's {place} comes out as {value}, but must be {limit}"),
+            },
+        };
+        if let Err(error) = run.check_requirements() {
+            return Err(fail(error, &mut run));
+        }
+        let dims = match dims {
+            Some(dims) => *dims,
+            None => match run.shape() {
+                Ok(shape) => shape.dims,
+                Err(error) => return Err(fail(error, &mut run)),
+            },
+        };
+        for (index, ((param, _), arg)) in self.params.iter().zip(args).enumerate() {
+            let needed = match run.extent(index, &param.name) {
+                Ok(Some(needed)) => needed,
+                Ok(None) => continue,
+                Err(error) => return Err(fail(error, &mut run)),
+            };
+            let given = arg.len().unwrap_or(0);
+            if (given as u64) < needed {
+                let extent = contract
+                    .extents
+                    .iter()
+                    .find(|e| e.name == param.name)
+                    .map_or_else(String::new, |e| e.value.to_string());
+                return Err(LaunchError::Extent {
+                    kernel: kernel.to_owned(),
+                    index,
+                    param: param.to_string(),
+                    needed,
+                    given,
+                    extent: format!("{extent} with {}", run.values(&extent_names(contract, &param.name))),
+                });
+            }
+        }
+        Ok(dims)
     }
 
     fn check_dims(&self, kernel: &str, dims: &LaunchDims) -> Result<(), LaunchError> {
@@ -177,17 +411,43 @@ impl ArgLayout {
             ));
         }
         let threads = dims.block_threads();
-        if threads > u64::from(self.max_block_threads) {
+        if threads > u64::from(self.limits.max_block_threads) {
             return refuse(format!(
                 "a block of {threads} threads ({:?}) exceeds the kernel's maximum of {}",
-                dims.block, self.max_block_threads
+                dims.block, self.limits.max_block_threads
             ));
         }
-        let shared = u64::from(self.static_shared) + u64::from(dims.shared_bytes);
-        if shared > u64::from(self.shared_limit) {
+        match self.limits.vendor {
+            Vendor::Nvidia => {
+                const BLOCK: [u32; 3] = [1024, 1024, 64];
+                const GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
+                for axis in 0..3 {
+                    if dims.block[axis] > BLOCK[axis] || dims.grid[axis] > GRID[axis] {
+                        return refuse(format!(
+                            "grid {:?} and block {:?} exceed the CUDA limits of grid {GRID:?} and block {BLOCK:?}",
+                            dims.grid, dims.block
+                        ));
+                    }
+                }
+            }
+            Vendor::Amd => {
+                // The dispatch packet holds the grid in work-items, 32 bits per dimension.
+                for axis in 0..3 {
+                    let items = u64::from(dims.grid[axis]) * u64::from(dims.block[axis]);
+                    if items > u64::from(u32::MAX) || dims.block[axis] > 1024 {
+                        return refuse(format!(
+                            "grid {:?} of blocks {:?} exceeds the HSA limits: at most 1024 threads a block and 2^32 - 1 work-items in each dimension",
+                            dims.grid, dims.block
+                        ));
+                    }
+                }
+            }
+        }
+        let shared = u64::from(self.limits.static_shared) + u64::from(dims.shared_bytes);
+        if shared > u64::from(self.limits.shared_limit) {
             return refuse(format!(
                 "{} bytes of dynamic shared memory plus the kernel's {} static bytes exceed the {} bytes a block may use",
-                dims.shared_bytes, self.static_shared, self.shared_limit
+                dims.shared_bytes, self.limits.static_shared, self.limits.shared_limit
             ));
         }
         Ok(())
@@ -199,16 +459,27 @@ impl ArgLayout {
     }
 }
 
+/// The names an extent reads, for its message.
+fn extent_names<'a>(contract: &'a Contract, param: &str) -> Vec<&'a str> {
+    contract
+        .extents
+        .iter()
+        .find(|e| e.name == param)
+        .map(|e| e.value.names())
+        .unwrap_or_default()
+}
+
 enum ArgMismatch {
     Type,
     Device(usize),
+    Driver,
 }
 
 /// The bytes `arg` contributes for `param`, if it fits the declaration.
-fn argument_bytes(param: &Param, arg: &Arg<'_>, device: usize) -> Result<[u8; 8], ArgMismatch> {
+fn argument_bytes(param: &Param, arg: &Arg<'_>, device: &Device) -> Result<[u8; 8], ArgMismatch> {
     let pointer = |ptr: DevicePtr, on: usize, elem: ScalarType, writable: bool| match param.ty {
         ParamType::Pointer { pointee, mutable } if pointee == elem && (writable || !mutable) => {
-            if on == device {
+            if on == device.ordinal() {
                 Ok(ptr.0.to_le_bytes())
             } else {
                 Err(ArgMismatch::Device(on))
@@ -216,15 +487,33 @@ fn argument_bytes(param: &Param, arg: &Arg<'_>, device: usize) -> Result<[u8; 8]
         }
         _ => Err(ArgMismatch::Type),
     };
+    let same_driver = |buffer: &DeviceBuffer| {
+        if same(buffer.driver(), device.driver()) {
+            Ok(())
+        } else {
+            Err(ArgMismatch::Driver)
+        }
+    };
     match *arg {
-        Arg::Buffer(b) => pointer(b.ptr(), b.device(), b.elem(), false),
-        Arg::BufferMut(b) => pointer(b.ptr(), b.device(), b.elem(), true),
+        Arg::Buffer(b) => pointer(b.ptr(), b.device(), b.elem(), false).and_then(|bytes| {
+            same_driver(b)?;
+            Ok(bytes)
+        }),
+        Arg::BufferMut(b) => pointer(b.ptr(), b.device(), b.elem(), true).and_then(|bytes| {
+            same_driver(b)?;
+            Ok(bytes)
+        }),
         Arg::Raw(r) => pointer(r.ptr, r.device, r.elem, r.mutable),
         Arg::Scalar(value) => match param.ty {
             ParamType::Scalar(t) if t == value.ty() => Ok(value.to_le_bytes()),
             _ => Err(ArgMismatch::Type),
         },
     }
+}
+
+/// Whether two handles are the same driver instance (not merely the same kind of driver).
+fn same(a: &Arc<dyn Driver>, b: &Arc<dyn Driver>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
 }
 
 fn describe_param(ty: ParamType) -> String {

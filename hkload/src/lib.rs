@@ -97,6 +97,7 @@ pub mod auto;
 pub mod bundle;
 #[cfg(feature = "code-object")]
 pub mod code_object;
+pub mod contract;
 pub mod device;
 pub mod driver;
 mod error;

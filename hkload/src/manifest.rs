@@ -49,6 +49,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::abi::Signature;
+use crate::contract::Contract;
 use crate::target::{EntryId, TargetId};
 
 /// The file name of the manifest inside a bundle folder.
@@ -59,9 +60,10 @@ pub const ABI_EXTENSION: &str = "abi.toml";
 
 /// The bundle format this crate writes. Readers accept any minor version of the same major.
 ///
-/// 1.1 added the index, `bundle.msgpack` (see [`crate::index`]), and 1.2 its lookup table;
-/// hkload still reads 1.0 bundles (TOML files only) and 1.1 ones.
-pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 2 };
+/// 1.1 added the index, `bundle.msgpack` (see [`crate::index`]), 1.2 its lookup table and 1.3
+/// kernels' launch contracts ([`crate::contract`]); hkload still reads 1.0 bundles (TOML files
+/// only), 1.1 and 1.2 ones, whose kernels launch only with explicit dimensions.
+pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 3 };
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -174,6 +176,11 @@ pub struct KernelRecord {
     pub args: Signature,
     #[serde(rename = "target")]
     pub targets: Vec<KernelAbi>,
+    /// The launch contract (since format 1.3): launch shape, preconditions and every pointer's
+    /// extent. A kernel without one launches only through [`crate::Kernel::launch`], with
+    /// explicit dimensions.
+    #[serde(default)]
+    pub contract: Option<Contract>,
 }
 
 impl KernelRecord {

@@ -4,10 +4,13 @@
 //!
 //! Every problem is reported as `file:line:column: what is wrong`, so a user can jump to it.
 
+mod contract;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use hkload::abi::Signature;
+use hkload::contract::Contract;
 use hkload::target::TargetId;
 use serde::Deserialize;
 use toml::Spanned;
@@ -50,6 +53,8 @@ pub struct Module {
 pub struct KernelDecl {
     pub symbol: String,
     pub args: Signature,
+    /// The launch contract, checked against `args`; `None` if the manifest declares none.
+    pub contract: Option<Contract>,
     /// Where the symbol is declared, for messages: `(line, column)`.
     pub declared_at: (usize, usize),
 }
@@ -108,6 +113,8 @@ struct RawModule {
     defines: BTreeMap<String, String>,
     #[serde(default)]
     flags: Vec<String>,
+    /// The contract every kernel of the module starts from.
+    contract: Option<contract::RawContract>,
 }
 
 #[derive(Deserialize)]
@@ -115,6 +122,7 @@ struct RawModule {
 struct RawKernel {
     symbol: Spanned<String>,
     args: Vec<Spanned<String>>,
+    contract: Option<contract::RawContract>,
 }
 
 #[derive(Deserialize)]
@@ -338,19 +346,35 @@ impl Module {
                     format!("kernel `{symbol}` is declared twice in this module"),
                 ));
             }
-            let args = kernel
-                .args
-                .iter()
-                .map(|a| {
-                    a.get_ref()
-                        .parse()
-                        .map_err(|e| file.error(a.span(), format!("kernel `{symbol}`: {e}")))
-                })
-                .collect::<Result<Signature, _>>()?;
+            let mut args = Signature::with_capacity(kernel.args.len());
+            let mut extents = Vec::new();
+            for written in &kernel.args {
+                let (param, extent) = contract::param_with_extent(&file, symbol, written)?;
+                if args.iter().any(|p: &hkload::abi::Param| p.name == param.name) {
+                    return Err(file.error(
+                        written.span(),
+                        format!("kernel `{symbol}`: two arguments are named `{}`", param.name),
+                    ));
+                }
+                if let Some(extent) = extent {
+                    extents.push((param.name.clone(), extent));
+                }
+                args.push(param);
+            }
+            let contract = contract::kernel_contract(
+                &file,
+                symbol,
+                &args,
+                &extents,
+                raw.module.contract.as_ref(),
+                kernel.contract.as_ref(),
+                kernel.symbol.span().start,
+            )?;
             let at = file.error(kernel.symbol.span(), "");
             kernels.push(KernelDecl {
                 symbol: symbol.clone(),
                 args,
+                contract,
                 declared_at: (at.line, at.column),
             });
         }

@@ -173,6 +173,7 @@ fn kernel_records(module: &Module, code: &[TargetCode]) -> Vec<KernelRecord> {
         .map(|(i, decl)| KernelRecord {
             symbol: decl.symbol.clone(),
             args: decl.args.clone(),
+            contract: decl.contract.clone(),
             targets: code
                 .iter()
                 .map(|t| kernel_abi(t.target, &t.kernels[i]))

@@ -592,18 +592,21 @@ fn device_at(ordinal: c_int) -> Result<CudaDevice, DriverError> {
     use sys::CUdevice_attribute::{
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR,
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as MINOR,
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SMS,
     };
     let (major, minor) = (attribute(MAJOR)?, attribute(MINOR)?);
     let target = target_of(major, minor).map_err(|detail| DriverError::Call {
         call: "cuDeviceGetAttribute",
         detail: format!("CUDA device {ordinal} ({name}) {detail}"),
     })?;
+    let compute_units = attribute(SMS)?.max(0) as u32;
     Ok(CudaDevice {
         handle,
         info: DeviceInfo {
             ordinal: ordinal as usize,
             name,
             target,
+            compute_units,
         },
         context: OnceLock::new(),
     })

@@ -78,6 +78,8 @@ struct PropertiesLayout {
     size: usize,
     /// Offset of `char gcnArchName[256]`; `char name[256]` is at 0 in both layouts.
     arch_offset: usize,
+    /// Offset of `int multiProcessorCount` (the compute units).
+    compute_units_offset: usize,
 }
 
 /// ROCm 6.0 and later (`hipDeviceProp_tR0600`).
@@ -85,6 +87,8 @@ const PROPERTIES_R0600: PropertiesLayout = PropertiesLayout {
     symbol: "hipGetDevicePropertiesR0600",
     size: 1472,
     arch_offset: 1160,
+    // As in CUDA 12's `cudaDeviceProp`, which this layout mirrors field for field.
+    compute_units_offset: 388,
 };
 
 /// ROCm 5 (`hipDeviceProp_tR0000`), checked against Debian's ROCm 5.2 headers.
@@ -92,6 +96,7 @@ const PROPERTIES_R0000: PropertiesLayout = PropertiesLayout {
     symbol: "hipGetDeviceProperties",
     size: 792,
     arch_offset: 396,
+    compute_units_offset: 336,
 };
 
 /// Length of the `name` and `gcnArchName` fields.
@@ -620,7 +625,7 @@ impl Api {
             (self.get_device_properties)(words.as_mut_ptr().cast(), ordinal)
         })?;
         let bytes: Vec<u8> = words.iter().flat_map(|word| word.to_ne_bytes()).collect();
-        let (name, target) =
+        let (name, target, compute_units) =
             read_properties(&bytes, self.properties).map_err(|detail| DriverError::Call {
                 call: self.properties.symbol,
                 detail: format!("HIP device {ordinal} {detail}"),
@@ -629,6 +634,7 @@ impl Api {
             ordinal: ordinal as usize,
             name,
             target,
+            compute_units,
         })
     }
 
@@ -680,9 +686,12 @@ fn bind_symbol<F: Copy>((library, path): (&Library, &str), name: &str) -> Result
         })
 }
 
-/// The device name and target ID in the bytes of a `hipDeviceProp_t` of `layout`. The error
-/// completes a sentence about the device.
-fn read_properties(bytes: &[u8], layout: PropertiesLayout) -> Result<(String, TargetId), String> {
+/// The device name, target ID and compute units in the bytes of a `hipDeviceProp_t` of
+/// `layout`. The error completes a sentence about the device.
+fn read_properties(
+    bytes: &[u8],
+    layout: PropertiesLayout,
+) -> Result<(String, TargetId, u32), String> {
     let field = |offset: usize| {
         bytes
             .get(offset..offset + PROPERTY_STRING_LEN)
@@ -696,8 +705,12 @@ fn read_properties(bytes: &[u8], layout: PropertiesLayout) -> Result<(String, Ta
             layout.arch_offset
         )
     })?;
+    let compute_units = bytes
+        .get(layout.compute_units_offset..layout.compute_units_offset + 4)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map_or(0, |b| i32::from_ne_bytes(b).max(0) as u32);
     match arch.parse::<TargetId>() {
-        Ok(target @ TargetId::Amd(_)) => Ok((name, target)),
+        Ok(target @ TargetId::Amd(_)) => Ok((name, target, compute_units)),
         Ok(_) => Err(format!(
             "({name}) reports `{arch}`, which is not an AMD target"
         )),
@@ -744,6 +757,8 @@ mod tests {
         let mut bytes = vec![0u8; layout.size];
         bytes[..name.len()].copy_from_slice(name.as_bytes());
         bytes[layout.arch_offset..layout.arch_offset + arch.len()].copy_from_slice(arch);
+        bytes[layout.compute_units_offset..layout.compute_units_offset + 4]
+            .copy_from_slice(&304i32.to_ne_bytes());
         bytes
     }
 
@@ -751,8 +766,9 @@ mod tests {
     fn both_layouts_yield_name_and_target() {
         for layout in [PROPERTIES_R0600, PROPERTIES_R0000] {
             let bytes = properties(layout, "AMD Instinct MI300X", b"gfx942:sramecc+:xnack-");
-            let (name, target) = read_properties(&bytes, layout).unwrap();
+            let (name, target, compute_units) = read_properties(&bytes, layout).unwrap();
             assert_eq!(name, "AMD Instinct MI300X");
+            assert_eq!(compute_units, 304);
             assert_eq!(target.to_string(), "gfx942:sramecc+:xnack-");
         }
     }

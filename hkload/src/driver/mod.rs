@@ -34,6 +34,9 @@ pub struct DeviceInfo {
     pub name: String,
     /// The full target ID the device reports (`gfx942:sramecc+:xnack-`, `sm_90`).
     pub target: TargetId,
+    /// Compute units (AMD) or streaming multiprocessors (NVIDIA): launch contracts may size
+    /// grids by it.
+    pub compute_units: u32,
 }
 
 /// The form of a code image handed to [`Driver::load_module`].
@@ -59,12 +62,29 @@ pub struct FunctionHandle(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DevicePtr(pub u64);
 
-/// A stream (queue) of device work. [`StreamHandle::DEFAULT`] is the device's default stream.
+/// A stream (queue) of device work. [`StreamHandle::DEFAULT`] is the device's default stream;
+/// another comes from the framework that made it, through [`StreamHandle::from_raw`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct StreamHandle(pub u64);
+pub struct StreamHandle(u64);
 
 impl StreamHandle {
     pub const DEFAULT: StreamHandle = StreamHandle(0);
+
+    /// A stream made outside hkload (`torch.cuda.current_stream().cuda_stream`, say).
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be a live `CUstream` (or `hipStream_t`) of the context of the device the
+    /// kernel runs on, or 0 for the default stream: the driver cannot tell a stale or foreign
+    /// handle from a good one.
+    pub const unsafe fn from_raw(raw: u64) -> Self {
+        Self(raw)
+    }
+
+    /// The driver's own handle.
+    pub const fn as_raw(self) -> u64 {
+        self.0
+    }
 }
 
 /// Grid and block shape of a launch, and its dynamic shared memory in bytes.

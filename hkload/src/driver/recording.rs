@@ -32,6 +32,9 @@ pub enum Recorded {
     },
 }
 
+/// The compute units every simulated device reports (an MI300X's 304; an H100 SXM has 132).
+pub const SIMULATED_COMPUTE_UNITS: u32 = 304;
+
 /// A stand-in GPU driver for tests. See the module docs.
 #[derive(Debug)]
 pub struct RecordingDriver {
@@ -128,6 +131,7 @@ impl Driver for RecordingDriver {
                 ordinal,
                 name: format!("simulated {target}"),
                 target: *target,
+                compute_units: SIMULATED_COMPUTE_UNITS,
             })
             .collect())
     }

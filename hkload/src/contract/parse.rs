@@ -1,0 +1,315 @@
+//! Reading contract expressions from text (the grammar is in [`super::expr`]). Errors give the
+//! byte offset in the text, which hkpack turns into a manifest's line and column.
+
+use super::expr::{BinaryOp, Expr, Function, Precedence};
+
+/// Text that is not an expression, and where in it the problem starts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message} (at byte {offset} of `{text}`)")]
+pub struct SyntaxError {
+    pub text: String,
+    /// Byte offset into the text.
+    pub offset: usize,
+    pub message: String,
+}
+
+/// The deepest nesting accepted, far beyond any real contract: it bounds the recursion of
+/// everything that walks a tree.
+pub const MAX_DEPTH: usize = 64;
+
+pub(crate) fn parse(text: &str) -> Result<Expr, SyntaxError> {
+    let mut parser = Parser {
+        text,
+        tokens: lex(text)?,
+        next: 0,
+        depth: 0,
+    };
+    let expr = parser.expr()?;
+    match parser.peek() {
+        None => Ok(expr),
+        Some((_, at)) => Err(parser.error(at, "unexpected text after the expression")),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Token<'a> {
+    Int(i64),
+    Name(&'a str),
+    /// An operator or punctuation, as written.
+    Punct(&'static str),
+}
+
+/// Operators and punctuation, longest first so that `<=` is not read as `<`.
+const PUNCTUATION: [&str; 20] = [
+    "==", "!=", "<=", ">=", "&&", "||", "<", ">", "+", "-", "*", "/", "%", "!", "?", ":", "(",
+    ")", ",", "=",
+];
+
+fn lex(text: &str) -> Result<Vec<(Token<'_>, usize)>, SyntaxError> {
+    let error = |offset, message: String| SyntaxError {
+        text: text.to_owned(),
+        offset,
+        message,
+    };
+    let bytes = text.as_bytes();
+    let mut tokens = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let c = bytes[at];
+        let run = |pred: fn(u8) -> bool| {
+            at + bytes[at..]
+                .iter()
+                .position(|&b| !pred(b))
+                .unwrap_or(bytes.len() - at)
+        };
+        if c.is_ascii_whitespace() {
+            at += 1;
+        } else if c.is_ascii_digit() {
+            let end = run(|b| b.is_ascii_alphanumeric() || b == b'_');
+            let digits = &text[at..end];
+            let value = digits.parse().map_err(|_| {
+                error(
+                    at,
+                    format!("`{digits}` is not an integer that fits in 64 bits"),
+                )
+            })?;
+            tokens.push((Token::Int(value), at));
+            at = end;
+        } else if c.is_ascii_alphabetic() || c == b'_' {
+            let end = run(|b| b.is_ascii_alphanumeric() || b == b'_');
+            tokens.push((Token::Name(&text[at..end]), at));
+            at = end;
+        } else if let Some(p) = PUNCTUATION
+            .into_iter()
+            .find(|p| bytes[at..].starts_with(p.as_bytes()))
+        {
+            tokens.push((Token::Punct(p), at));
+            at += p.len();
+        } else {
+            let ch = text[at..].chars().next().unwrap_or('?');
+            return Err(error(at, format!("unexpected character `{ch}`")));
+        }
+    }
+    Ok(tokens)
+}
+
+struct Parser<'a> {
+    text: &'a str,
+    tokens: Vec<(Token<'a>, usize)>,
+    next: usize,
+    depth: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn error(&self, offset: usize, message: impl Into<String>) -> SyntaxError {
+        SyntaxError {
+            text: self.text.to_owned(),
+            offset,
+            message: message.into(),
+        }
+    }
+
+    fn peek(&self) -> Option<(&Token<'a>, usize)> {
+        self.tokens.get(self.next).map(|(t, at)| (t, *at))
+    }
+
+    /// Where the next token starts, or the end of the text.
+    fn here(&self) -> usize {
+        self.peek().map_or(self.text.len(), |(_, at)| at)
+    }
+
+    fn eat(&mut self, punct: &str) -> bool {
+        let found = matches!(self.peek(), Some((Token::Punct(p), _)) if *p == punct);
+        self.next += usize::from(found);
+        found
+    }
+
+    fn expect(&mut self, punct: &str, what: &str) -> Result<(), SyntaxError> {
+        if self.eat(punct) {
+            Ok(())
+        } else {
+            Err(self.error(self.here(), format!("expected `{punct}` {what}")))
+        }
+    }
+
+    /// The binary operator of `level` that comes next, if any (and consumes it).
+    fn operator(&mut self, level: u8) -> Option<BinaryOp> {
+        let (Token::Punct(p), _) = self.peek()? else {
+            return None;
+        };
+        let op = BINARY.iter().find(|op| op.symbol() == *p)?;
+        (op.precedence() == level).then(|| {
+            self.next += 1;
+            *op
+        })
+    }
+
+    fn expr(&mut self) -> Result<Expr, SyntaxError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(self.error(
+                self.here(),
+                format!("the expression nests deeper than {MAX_DEPTH} levels"),
+            ));
+        }
+        let condition = self.binary(Precedence::OR)?;
+        let expr = if self.eat("?") {
+            let then = self.expr()?;
+            self.expect(":", "after the `?` branch of a conditional")?;
+            let otherwise = self.expr()?;
+            Expr::Cond(Box::new(condition), Box::new(then), Box::new(otherwise))
+        } else {
+            condition
+        };
+        self.depth -= 1;
+        Ok(expr)
+    }
+
+    fn binary(&mut self, level: u8) -> Result<Expr, SyntaxError> {
+        if level == Precedence::UNARY {
+            return self.unary();
+        }
+        let mut left = self.binary(level + 1)?;
+        while let Some(op) = self.operator(level) {
+            let at = self.here();
+            let right = self.binary(level + 1)?;
+            left = Expr::Binary(op, Box::new(left), Box::new(right));
+            if op.is_comparison() && self.operator(level).is_some() {
+                return Err(self.error(
+                    at,
+                    "comparisons do not chain: write `a < b && b < c`, not `a < b < c`",
+                ));
+            }
+        }
+        Ok(left)
+    }
+
+    fn unary(&mut self) -> Result<Expr, SyntaxError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(self.error(
+                self.here(),
+                format!("the expression nests deeper than {MAX_DEPTH} levels"),
+            ));
+        }
+        let expr = if self.eat("-") {
+            Expr::Neg(Box::new(self.unary()?))
+        } else if self.eat("!") {
+            Expr::Not(Box::new(self.unary()?))
+        } else {
+            self.primary()?
+        };
+        self.depth -= 1;
+        Ok(expr)
+    }
+
+    fn primary(&mut self) -> Result<Expr, SyntaxError> {
+        let at = self.here();
+        let Some((token, _)) = self.peek() else {
+            return Err(self.error(at, "the expression ends too early"));
+        };
+        match token.clone() {
+            Token::Int(value) => {
+                self.next += 1;
+                Ok(Expr::Int(value))
+            }
+            Token::Name(name) => {
+                self.next += 1;
+                if !self.eat("(") {
+                    return Ok(Expr::Name(name.to_owned()));
+                }
+                let function = Function::from_name(name).ok_or_else(|| {
+                    let known: Vec<&str> = Function::ALL.iter().map(|f| f.name()).collect();
+                    self.error(
+                        at,
+                        format!(
+                            "unknown function `{name}`; the functions are {}",
+                            known.join(", ")
+                        ),
+                    )
+                })?;
+                let mut args = vec![self.expr()?];
+                while self.eat(",") {
+                    args.push(self.expr()?);
+                }
+                self.expect(")", &format!("to close the call of `{name}`"))?;
+                if args.len() != function.arity() {
+                    return Err(self.error(
+                        at,
+                        format!(
+                            "`{name}` takes {} argument(s), not {}",
+                            function.arity(),
+                            args.len()
+                        ),
+                    ));
+                }
+                Ok(Expr::Call(function, args))
+            }
+            Token::Punct("(") => {
+                self.next += 1;
+                let inner = self.expr()?;
+                self.expect(")", "to close the parenthesis")?;
+                Ok(inner)
+            }
+            Token::Punct(p) => Err(self.error(at, format!("expected a value, found `{p}`"))),
+        }
+    }
+}
+
+const BINARY: [BinaryOp; 13] = [
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Div,
+    BinaryOp::Rem,
+    BinaryOp::Eq,
+    BinaryOp::Ne,
+    BinaryOp::Lt,
+    BinaryOp::Le,
+    BinaryOp::Gt,
+    BinaryOp::Ge,
+    BinaryOp::And,
+    BinaryOp::Or,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(text: &str) -> String {
+        parse(text).unwrap().to_string()
+    }
+
+    #[test]
+    fn precedence_and_grouping_match_c() {
+        assert_eq!(round_trip("a + b * c"), "a + b * c");
+        assert_eq!(round_trip("(a + b) * c"), "(a + b) * c");
+        assert_eq!(round_trip("a - (b - c)"), "a - (b - c)");
+        assert_eq!(round_trip("(a - b) - c"), "a - b - c");
+        assert_eq!(round_trip("a < b && c || !d"), "a < b && c || !d");
+        assert_eq!(round_trip("a || b && c"), "a || b && c");
+        assert_eq!(round_trip("(a || b) && c"), "(a || b) && c");
+        assert_eq!(round_trip("c ? x : d ? y : z"), "c ? x : d ? y : z");
+        assert_eq!(round_trip("(c ? x : y) + 1"), "(c ? x : y) + 1");
+        assert_eq!(round_trip("-(a + 1)"), "-(a + 1)");
+        assert_eq!(
+            round_trip("ceil_div( rows,max(1 ,x))"),
+            "ceil_div(rows, max(1, x))"
+        );
+    }
+
+    #[test]
+    fn errors_point_at_the_problem() {
+        let at = |text: &str| parse(text).unwrap_err().offset;
+        assert_eq!(at("rows *"), 6);
+        assert_eq!(at("rows $ 2"), 5);
+        assert_eq!(at("floor(x)"), 0);
+        assert_eq!(at("min(a)"), 0);
+        assert_eq!(at("(a + b"), 6);
+        assert_eq!(at("a b"), 2);
+        assert_eq!(at("a < b < c"), 4);
+        assert_eq!(at("99999999999999999999"), 0);
+        assert!(parse(&"(".repeat(200)).is_err());
+        assert!(parse(&"-".repeat(200)).is_err());
+    }
+}

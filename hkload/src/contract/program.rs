@@ -1,0 +1,637 @@
+//! A contract bound to a kernel's signature: names resolved to argument, `let` and fact slots,
+//! types checked, the expressions flattened into one array of nodes. Evaluating it allocates
+//! nothing and parses nothing; every operation is checked.
+
+use crate::abi::{Param, ParamType, ScalarType};
+use crate::driver::LaunchDims;
+
+use super::expr::{BinaryOp, Expr, Function};
+use super::parse::MAX_DEPTH;
+use super::{BindError, Contract, Fact, Place, describe, is_identifier};
+
+/// At most this many `let` values (their results are kept on the stack during a call).
+pub const MAX_LETS: usize = 32;
+
+/// At most this many arguments in a kernel with a contract (their values are kept on the stack
+/// during a call).
+pub const MAX_PARAMS: usize = 64;
+
+/// A bound contract, ready to evaluate (see [`super::Contract::bind`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Program {
+    nodes: Vec<Node>,
+    lets: Vec<NodeId>,
+    requires: Vec<NodeId>,
+    block: [NodeId; 3],
+    grid: [NodeId; 3],
+    shared: NodeId,
+    /// Per parameter: the root of its extent (pointers) or `None` (values).
+    extents: Vec<Option<NodeId>>,
+    /// Every name the contract can read and where its value is, for messages.
+    names: Vec<(String, Slot)>,
+}
+
+type NodeId = u32;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Node {
+    Int(i64),
+    Slot(Slot),
+    Neg(NodeId),
+    Not(NodeId),
+    Binary(BinaryOp, NodeId, NodeId),
+    Min(NodeId, NodeId),
+    Max(NodeId, NodeId),
+    CeilDiv(NodeId, NodeId),
+    NextPow2(NodeId),
+    Cond(NodeId, NodeId, NodeId),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Arg(u16),
+    Let(u16),
+    Fact(Fact),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ty {
+    Int,
+    Bool,
+}
+
+impl Ty {
+    const fn name(self) -> &'static str {
+        match self {
+            Self::Int => "an integer",
+            Self::Bool => "a condition",
+        }
+    }
+}
+
+struct Binder<'a> {
+    signature: &'a [Param],
+    lets: Vec<(&'a str, Ty)>,
+    nodes: Vec<Node>,
+    place: Place,
+}
+
+impl Program {
+    pub(super) fn bind(contract: &Contract, signature: &[Param]) -> Result<Self, BindError> {
+        let whole = |message: String| BindError {
+            place: Place::Contract,
+            name: None,
+            message,
+        };
+        if signature.len() > MAX_PARAMS {
+            return Err(whole(format!(
+                "a kernel with a contract takes at most {MAX_PARAMS} arguments, this one {}",
+                signature.len()
+            )));
+        }
+        if contract.lets.len() > MAX_LETS {
+            return Err(whole(format!(
+                "a contract has at most {MAX_LETS} `let` values, this one {}",
+                contract.lets.len()
+            )));
+        }
+        let mut binder = Binder {
+            signature,
+            lets: Vec::new(),
+            nodes: Vec::new(),
+            place: Place::Contract,
+        };
+        let mut lets = Vec::with_capacity(contract.lets.len());
+        for binding in &contract.lets {
+            binder.place = Place::Let(binding.name.clone());
+            binder.check_new_name(&binding.name)?;
+            let (root, ty) = binder.bind(&binding.value, 0)?;
+            lets.push(root);
+            binder.lets.push((&binding.name, ty));
+        }
+        let mut requires = Vec::with_capacity(contract.requires.len());
+        for (i, requirement) in contract.requires.iter().enumerate() {
+            binder.place = Place::Requires(i);
+            requires.push(binder.typed(&requirement.check, Ty::Bool)?);
+        }
+        let mut block = [0; 3];
+        let mut grid = [0; 3];
+        for axis in 0..3 {
+            binder.place = Place::Block(axis);
+            block[axis] = binder.typed(&contract.block[axis], Ty::Int)?;
+            binder.place = Place::Grid(axis);
+            grid[axis] = binder.typed(&contract.grid[axis], Ty::Int)?;
+        }
+        binder.place = Place::Shared;
+        let shared = binder.typed(&contract.shared, Ty::Int)?;
+        let mut extents = vec![None; signature.len()];
+        for extent in &contract.extents {
+            binder.place = Place::Extent(extent.name.clone());
+            let error = |message: String| BindError {
+                place: Place::Extent(extent.name.clone()),
+                name: Some(extent.name.clone()),
+                message,
+            };
+            let Some(index) = signature.iter().position(|p| p.name == extent.name) else {
+                return Err(error(format!("the kernel has no argument `{}`", extent.name)));
+            };
+            if !signature[index].ty.is_pointer() {
+                return Err(error(format!(
+                    "{}: only pointers have extents",
+                    describe(&signature[index])
+                )));
+            }
+            if extents[index].is_some() {
+                return Err(error(format!("`{}` has two extents", extent.name)));
+            }
+            extents[index] = Some(binder.typed(&extent.value, Ty::Int)?);
+        }
+        if let Some(missing) = signature
+            .iter()
+            .zip(&extents)
+            .find(|(p, e)| p.ty.is_pointer() && e.is_none())
+        {
+            return Err(BindError {
+                place: Place::Contract,
+                name: Some(missing.0.name.clone()),
+                message: format!(
+                    "pointer `{}` has no extent: say how many elements the kernel may touch, as in `{}: {} [rows * cols]`",
+                    missing.0.name, missing.0.name, missing.0.ty
+                ),
+            });
+        }
+        let mut names: Vec<(String, Slot)> = signature
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| integer(p).is_some())
+            .map(|(i, p)| (p.name.clone(), Slot::Arg(i as u16)))
+            .collect();
+        names.extend(
+            contract
+                .lets
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (b.name.clone(), Slot::Let(i as u16))),
+        );
+        names.extend(Fact::ALL.map(|f| (f.name().to_owned(), Slot::Fact(f))));
+        Ok(Self {
+            nodes: binder.nodes,
+            lets,
+            requires,
+            block,
+            grid,
+            shared,
+            extents,
+            names,
+        })
+    }
+
+    /// Starts evaluating the contract for one call: `args` holds each parameter's value as a
+    /// 64-bit integer (anything for pointers and floating-point values, which no expression
+    /// reads).
+    pub fn run<'a>(&'a self, args: &'a [i64], facts: &'a Facts) -> Run<'a> {
+        Run {
+            program: self,
+            args,
+            facts,
+            lets: [None; MAX_LETS],
+        }
+    }
+
+    /// The number of `requires` clauses.
+    pub fn requirement_count(&self) -> usize {
+        self.requires.len()
+    }
+}
+
+/// The integer type of a parameter a contract may read, if it is one.
+fn integer(param: &Param) -> Option<ScalarType> {
+    match param.ty {
+        ParamType::Scalar(t) if t.is_integer() => Some(t),
+        _ => None,
+    }
+}
+
+impl<'a> Binder<'a> {
+    fn error(&self, name: Option<&str>, message: String) -> BindError {
+        BindError {
+            place: self.place.clone(),
+            name: name.map(str::to_owned),
+            message,
+        }
+    }
+
+    fn check_new_name(&self, name: &str) -> Result<(), BindError> {
+        let clash = if !is_identifier(name) {
+            Some("is not a name".to_owned())
+        } else if let Some(p) = self.signature.iter().find(|p| p.name == name) {
+            Some(format!("would hide an argument: {}", describe(p)))
+        } else if Fact::ALL.iter().any(|f| f.name() == name) {
+            Some("would hide a device fact".to_owned())
+        } else if Function::from_name(name).is_some() {
+            Some("is a function".to_owned())
+        } else if self.lets.iter().any(|(n, _)| *n == name) {
+            Some("is already defined by an earlier `let`".to_owned())
+        } else {
+            None
+        };
+        match clash {
+            Some(why) => Err(self.error(Some(name), format!("`{name}` {why}"))),
+            None => Ok(()),
+        }
+    }
+
+    fn typed(&mut self, expr: &Expr, want: Ty) -> Result<NodeId, BindError> {
+        let (id, ty) = self.bind(expr, 0)?;
+        if ty == want {
+            Ok(id)
+        } else {
+            Err(self.error(
+                None,
+                format!("`{expr}` is {} where {} is needed", ty.name(), want.name()),
+            ))
+        }
+    }
+
+    fn push(&mut self, node: Node) -> NodeId {
+        self.nodes.push(node);
+        (self.nodes.len() - 1) as NodeId
+    }
+
+    fn operand(&mut self, expr: &Expr, want: Ty, context: &Expr, depth: usize) -> Result<NodeId, BindError> {
+        let (id, ty) = self.bind(expr, depth + 1)?;
+        if ty != want {
+            return Err(self.error(
+                None,
+                format!(
+                    "in `{context}`, `{expr}` is {} where {} is needed",
+                    ty.name(),
+                    want.name()
+                ),
+            ));
+        }
+        Ok(id)
+    }
+
+    fn bind(&mut self, expr: &Expr, depth: usize) -> Result<(NodeId, Ty), BindError> {
+        if depth > MAX_DEPTH {
+            return Err(self.error(
+                None,
+                format!("the expression nests deeper than {MAX_DEPTH} levels"),
+            ));
+        }
+        let (node, ty) = match expr {
+            Expr::Int(value) => (Node::Int(*value), Ty::Int),
+            Expr::Name(name) => {
+                let (slot, ty) = self.name(name)?;
+                (Node::Slot(slot), ty)
+            }
+            Expr::Neg(e) => (Node::Neg(self.operand(e, Ty::Int, expr, depth)?), Ty::Int),
+            Expr::Not(e) => (Node::Not(self.operand(e, Ty::Bool, expr, depth)?), Ty::Bool),
+            Expr::Binary(op, a, b) => {
+                let (operands, result) = match op {
+                    BinaryOp::And | BinaryOp::Or => (Ty::Bool, Ty::Bool),
+                    op if op.is_comparison() => (Ty::Int, Ty::Bool),
+                    _ => (Ty::Int, Ty::Int),
+                };
+                let a = self.operand(a, operands, expr, depth)?;
+                let b = self.operand(b, operands, expr, depth)?;
+                (Node::Binary(*op, a, b), result)
+            }
+            Expr::Call(function, args) => (self.call(*function, args, expr, depth)?, Ty::Int),
+            Expr::Cond(c, a, b) => {
+                let c = self.operand(c, Ty::Bool, expr, depth)?;
+                let (a, ty) = self.bind(a, depth + 1)?;
+                let b = self.operand(b, ty, expr, depth)?;
+                (Node::Cond(c, a, b), ty)
+            }
+        };
+        Ok((self.push(node), ty))
+    }
+
+    fn call(&mut self, function: Function, args: &[Expr], expr: &Expr, depth: usize) -> Result<Node, BindError> {
+        if args.len() != function.arity() {
+            return Err(self.error(
+                None,
+                format!(
+                    "`{}` takes {} argument(s), not {}",
+                    function.name(),
+                    function.arity(),
+                    args.len()
+                ),
+            ));
+        }
+        if function == Function::ElemSize {
+            let pointee = match &args[0] {
+                Expr::Name(name) => self.signature.iter().find(|p| &p.name == name).and_then(|p| match p.ty {
+                    ParamType::Pointer { pointee, .. } => Some(pointee),
+                    ParamType::Scalar(_) => None,
+                }),
+                _ => None,
+            };
+            return pointee.map(|t| Node::Int(i64::from(t.size()))).ok_or_else(|| {
+                self.error(
+                    None,
+                    format!("`{expr}`: `elem_size` takes the name of a pointer argument"),
+                )
+            });
+        }
+        let mut ids = [0; 2];
+        for (slot, arg) in ids.iter_mut().zip(args) {
+            *slot = self.operand(arg, Ty::Int, expr, depth)?;
+        }
+        let [a, b] = ids;
+        Ok(match function {
+            Function::Min => Node::Min(a, b),
+            Function::Max => Node::Max(a, b),
+            Function::CeilDiv => Node::CeilDiv(a, b),
+            Function::NextPow2 => Node::NextPow2(a),
+            Function::ElemSize => unreachable!("handled above"),
+        })
+    }
+
+    fn name(&self, name: &str) -> Result<(Slot, Ty), BindError> {
+        if let Some(i) = self.lets.iter().position(|(n, _)| *n == name) {
+            return Ok((Slot::Let(i as u16), self.lets[i].1));
+        }
+        if let Some(fact) = Fact::ALL.into_iter().find(|f| f.name() == name) {
+            return Ok((Slot::Fact(fact), Ty::Int));
+        }
+        if let Some(i) = self.signature.iter().position(|p| p.name == name) {
+            let param = &self.signature[i];
+            return match integer(param) {
+                Some(_) => Ok((Slot::Arg(i as u16), Ty::Int)),
+                None => Err(self.error(
+                    Some(name),
+                    format!(
+                        "{}; contracts compute with the integer arguments{}",
+                        describe(param),
+                        if param.ty.is_pointer() {
+                            format!(" (`elem_size({name})` is the size of its elements)")
+                        } else {
+                            String::new()
+                        }
+                    ),
+                )),
+            };
+        }
+        let mut known: Vec<&str> = self
+            .signature
+            .iter()
+            .filter(|p| integer(p).is_some())
+            .map(|p| p.name.as_str())
+            .collect();
+        known.extend(self.lets.iter().map(|(n, _)| *n));
+        known.extend(Fact::ALL.iter().map(|f| f.name()));
+        Err(self.error(
+            Some(name),
+            format!("unknown name `{name}`; the contract can read {}", known.join(", ")),
+        ))
+    }
+}
+
+/// The facts of the device and code object a kernel runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Facts {
+    pub wave_size: u32,
+    pub compute_units: u32,
+    pub max_block_threads: u32,
+}
+
+/// Why a contract could not be evaluated, or said no.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EvalError {
+    /// Requirement `index` is false.
+    Unmet { index: usize },
+    /// An operation had no 64-bit result: `a op b` overflows, or divides by zero.
+    Arithmetic {
+        place: Place,
+        detail: String,
+    },
+    /// A size came out negative or too large for the launch (block, grid, shared memory) or
+    /// for the address space (extents).
+    OutOfRange {
+        place: Place,
+        value: i64,
+        limit: &'static str,
+    },
+}
+
+/// The launch shape a contract computes for one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub dims: LaunchDims,
+}
+
+/// One evaluation of a contract: the call's argument values, the device's facts, and the `let`
+/// values computed so far (each once, when first read).
+pub struct Run<'a> {
+    program: &'a Program,
+    args: &'a [i64],
+    facts: &'a Facts,
+    lets: [Option<i64>; MAX_LETS],
+}
+
+/// An arithmetic fault before its place is known.
+type Fault = String;
+
+impl Run<'_> {
+    /// Checks every requirement in order.
+    pub fn check_requirements(&mut self) -> Result<(), EvalError> {
+        for (index, &root) in self.program.requires.iter().enumerate() {
+            let holds = self
+                .eval(root)
+                .map_err(|detail| EvalError::Arithmetic {
+                    place: Place::Requires(index),
+                    detail,
+                })?;
+            if holds == 0 {
+                return Err(EvalError::Unmet { index });
+            }
+        }
+        Ok(())
+    }
+
+    /// The launch shape: block, grid and shared memory, each fitting in 32 bits.
+    pub fn shape(&mut self) -> Result<Shape, EvalError> {
+        let mut dims = LaunchDims::linear(0, 0);
+        for axis in 0..3 {
+            dims.block[axis] = self.u32_at(self.program.block[axis], Place::Block(axis))?;
+            dims.grid[axis] = self.u32_at(self.program.grid[axis], Place::Grid(axis))?;
+        }
+        dims.shared_bytes = self.u32_at(self.program.shared, Place::Shared)?;
+        Ok(Shape { dims })
+    }
+
+    /// The elements parameter `index` must hold, if it is a pointer.
+    pub fn extent(&mut self, index: usize, name: &str) -> Result<Option<u64>, EvalError> {
+        let Some(&Some(root)) = self.program.extents.get(index) else {
+            return Ok(None);
+        };
+        let place = || Place::Extent(name.to_owned());
+        let value = self.eval(root).map_err(|detail| EvalError::Arithmetic {
+            place: place(),
+            detail,
+        })?;
+        u64::try_from(value).map(Some).map_err(|_| EvalError::OutOfRange {
+            place: place(),
+            value,
+            limit: "at least 0",
+        })
+    }
+
+    /// `name = value` for every name in `names` the contract can read, for messages.
+    pub fn values(&mut self, names: &[&str]) -> String {
+        let mut shown: Vec<&str> = Vec::new();
+        let mut out = Vec::new();
+        for &name in names {
+            if shown.contains(&name) {
+                continue;
+            }
+            shown.push(name);
+            let slot = self.program.names.iter().find(|(n, _)| n == name).map(|(_, s)| *s);
+            if let Some(slot) = slot {
+                match self.slot(slot) {
+                    Ok(v) => out.push(format!("{name} = {v}")),
+                    Err(fault) => out.push(format!("{name}: {fault}")),
+                }
+            }
+        }
+        out.join(", ")
+    }
+
+    fn u32_at(&mut self, root: NodeId, place: Place) -> Result<u32, EvalError> {
+        let value = self.eval(root).map_err(|detail| EvalError::Arithmetic {
+            place: place.clone(),
+            detail,
+        })?;
+        u32::try_from(value).map_err(|_| EvalError::OutOfRange {
+            place,
+            value,
+            limit: "from 0 to 4294967295",
+        })
+    }
+
+    fn slot(&mut self, slot: Slot) -> Result<i64, Fault> {
+        Ok(match slot {
+            Slot::Arg(i) => self.args.get(usize::from(i)).copied().unwrap_or(0),
+            Slot::Let(i) => {
+                let i = usize::from(i);
+                match self.lets.get(i).copied().flatten() {
+                    Some(value) => value,
+                    None => {
+                        let root = self.program.lets[i];
+                        let value = self.eval(root).map_err(|fault| {
+                            format!("{fault} (computing `let {}`)", self.let_name(i))
+                        })?;
+                        self.lets[i] = Some(value);
+                        value
+                    }
+                }
+            }
+            Slot::Fact(Fact::WaveSize) => i64::from(self.facts.wave_size),
+            Slot::Fact(Fact::ComputeUnits) => i64::from(self.facts.compute_units),
+            Slot::Fact(Fact::MaxBlockThreads) => i64::from(self.facts.max_block_threads),
+        })
+    }
+
+    fn let_name(&self, i: usize) -> &str {
+        self.program
+            .names
+            .iter()
+            .find(|(_, s)| *s == Slot::Let(i as u16))
+            .map_or("?", |(n, _)| n.as_str())
+    }
+
+    fn eval(&mut self, id: NodeId) -> Result<i64, Fault> {
+        // Nodes are bound children first, so a child's id is always below its parent's: the
+        // recursion is as deep as the expression, which binding bounded.
+        let node = self.program.nodes[id as usize];
+        let checked = |result: Option<i64>, a: i64, op: &str, b: i64| {
+            result.ok_or_else(|| {
+                if b == 0 && matches!(op, "/" | "%" | "ceil_div") {
+                    format!("{a} {op} {b} divides by zero")
+                } else {
+                    format!("{a} {op} {b} does not fit in 64 bits")
+                }
+            })
+        };
+        match node {
+            Node::Int(v) => Ok(v),
+            Node::Slot(slot) => self.slot(slot),
+            Node::Neg(a) => {
+                let a = self.eval(a)?;
+                a.checked_neg().ok_or_else(|| format!("-({a}) does not fit in 64 bits"))
+            }
+            Node::Not(a) => Ok(i64::from(self.eval(a)? == 0)),
+            Node::Binary(BinaryOp::And, a, b) => {
+                Ok(i64::from(self.eval(a)? != 0 && self.eval(b)? != 0))
+            }
+            Node::Binary(BinaryOp::Or, a, b) => {
+                Ok(i64::from(self.eval(a)? != 0 || self.eval(b)? != 0))
+            }
+            Node::Binary(op, a, b) => {
+                let (a, b) = (self.eval(a)?, self.eval(b)?);
+                let symbol = op.symbol();
+                match op {
+                    BinaryOp::Add => checked(a.checked_add(b), a, symbol, b),
+                    BinaryOp::Sub => checked(a.checked_sub(b), a, symbol, b),
+                    BinaryOp::Mul => checked(a.checked_mul(b), a, symbol, b),
+                    BinaryOp::Div => checked(a.checked_div(b), a, symbol, b),
+                    BinaryOp::Rem => checked(a.checked_rem(b), a, symbol, b),
+                    BinaryOp::Eq => Ok(i64::from(a == b)),
+                    BinaryOp::Ne => Ok(i64::from(a != b)),
+                    BinaryOp::Lt => Ok(i64::from(a < b)),
+                    BinaryOp::Le => Ok(i64::from(a <= b)),
+                    BinaryOp::Gt => Ok(i64::from(a > b)),
+                    BinaryOp::Ge => Ok(i64::from(a >= b)),
+                    BinaryOp::And | BinaryOp::Or => unreachable!("evaluated lazily above"),
+                }
+            }
+            Node::Min(a, b) => Ok(self.eval(a)?.min(self.eval(b)?)),
+            Node::Max(a, b) => Ok(self.eval(a)?.max(self.eval(b)?)),
+            Node::CeilDiv(a, b) => {
+                let (a, b) = (self.eval(a)?, self.eval(b)?);
+                ceil_div(a, b).ok_or_else(|| {
+                    if b == 0 {
+                        format!("ceil_div({a}, {b}) divides by zero")
+                    } else {
+                        format!("ceil_div({a}, {b}) does not fit in 64 bits")
+                    }
+                })
+            }
+            Node::NextPow2(a) => {
+                let a = self.eval(a)?;
+                next_pow2(a).ok_or_else(|| format!("next_pow2({a}) does not fit in 64 bits"))
+            }
+            Node::Cond(c, a, b) => {
+                if self.eval(c)? != 0 {
+                    self.eval(a)
+                } else {
+                    self.eval(b)
+                }
+            }
+        }
+    }
+}
+
+/// `a / b` rounded towards positive infinity (for any signs), `None` on overflow or `b == 0`.
+pub fn ceil_div(a: i64, b: i64) -> Option<i64> {
+    let q = a.checked_div(b)?;
+    let r = a.checked_rem(b)?;
+    // The quotient truncates towards zero: round up when the exact one was positive.
+    if r != 0 && ((r > 0) == (b > 0)) {
+        q.checked_add(1)
+    } else {
+        Some(q)
+    }
+}
+
+/// The smallest power of two at least `a` (1 for `a <= 1`), `None` past 2⁶².
+pub fn next_pow2(a: i64) -> Option<i64> {
+    if a <= 1 {
+        return Some(1);
+    }
+    let p = (a as u64).checked_next_power_of_two()?;
+    i64::try_from(p).ok()
+}
