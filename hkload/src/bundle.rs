@@ -15,7 +15,7 @@ use crate::file::FileBytes;
 use crate::index::lookup::{KernelAt, Module, Table};
 use crate::index::{INDEX_FILE, Index};
 use crate::contract::Contract;
-use crate::launch::{Arg, ArgLayout};
+use crate::launch::{Arg, ArgLayout, Launched};
 use crate::manifest::{
     BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ManifestError, ModuleAbi, ModuleRecord,
     Sha256Digest,
@@ -684,6 +684,19 @@ impl Kernel {
         self.checked_launch(None, stream, args)
     }
 
+    /// The launch shape [`Kernel::call`] would use for `args`, after the same checks, without
+    /// launching anything: for logs, and for experts who launch with a shape of their own.
+    pub fn launch_shape(&self, args: &[Arg<'_>]) -> Result<LaunchDims, Error> {
+        let inner = &*self.inner;
+        match inner
+            .layout
+            .check_and_pack(&inner.name, &inner.module.device, None, args, |_, _| ())
+            .map_err(Error::Launch)?
+        {
+            Launched::Done(dims, ()) | Launched::Empty(dims) => Ok(dims),
+        }
+    }
+
     /// Launches the kernel with explicit dimensions, for experts: the arguments are checked
     /// against the signature, and, where the kernel has a contract, against its preconditions
     /// and extents; `dims` against the code object's and the device's limits. Nothing reaches
@@ -719,8 +732,8 @@ impl Kernel {
             })
             .map_err(Error::Launch)?;
         match launched {
-            Some(result) => result.map_err(Error::Driver),
-            None => Ok(()),
+            Launched::Done(_, result) => result.map_err(Error::Driver),
+            Launched::Empty(_) => Ok(()),
         }
     }
 }

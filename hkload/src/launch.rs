@@ -145,6 +145,14 @@ enum Vendor {
     Nvidia,
 }
 
+/// What a checked launch did.
+pub(crate) enum Launched<R> {
+    /// Launched with this shape; the driver said `R`.
+    Done(LaunchDims, R),
+    /// The contract's grid is empty: nothing to do, nothing launched.
+    Empty(LaunchDims),
+}
+
 /// A packed argument buffer this small lives on the stack; larger ones (rare) on the heap.
 const INLINE_ARGS: usize = 256;
 
@@ -239,7 +247,7 @@ impl ArgLayout {
 
     /// Checks `args` (and `dims`, or computes them from the contract when `None`), packs the
     /// arguments, and hands the shape and packed bytes to `launch`. A contract whose grid is
-    /// empty (no rows to work on, say) launches nothing and returns `Ok(None)`.
+    /// empty (no rows to work on, say) launches nothing.
     pub(crate) fn check_and_pack<R>(
         &self,
         kernel: &str,
@@ -247,7 +255,7 @@ impl ArgLayout {
         dims: Option<&LaunchDims>,
         args: &[Arg<'_>],
         launch: impl FnOnce(&LaunchDims, &[u8]) -> R,
-    ) -> Result<Option<R>, LaunchError> {
+    ) -> Result<Launched<R>, LaunchError> {
         if args.len() != self.params.len() {
             return Err(LaunchError::ArgCount {
                 kernel: kernel.to_owned(),
@@ -320,10 +328,10 @@ impl ArgLayout {
         };
         if dims.grid.contains(&0) && dims.block.iter().all(|&b| b > 0) && self.contract.is_some()
         {
-            return Ok(None);
+            return Ok(Launched::Empty(dims));
         }
         self.check_dims(kernel, &dims)?;
-        Ok(Some(launch(&dims, packed)))
+        Ok(Launched::Done(dims, launch(&dims, packed)))
     }
 
     /// Evaluates the contract for one call: its requirements, the launch shape (unless the

@@ -1,12 +1,12 @@
-//! A kernel test case as plain data: the arguments of one launch (inputs with their values,
-//! outputs with what they must hold afterwards), the launch shape, and how to judge the result.
+//! A kernel test case as plain data: the arguments of one call (inputs with their values,
+//! outputs with what they must hold afterwards) and how to judge the result. The launch shape
+//! is the kernel's contract's.
 //!
 //! Cases are made on the CPU from fresh random inputs and an f64 reference; any runner (the
 //! GPU parity suite through hkload, or a future backend) uploads the inputs, poisons the outputs
 //! with [`crate::host::POISON_BYTE`], launches, downloads and calls [`Case::check`].
 
 use hkload::abi::{ScalarType, ScalarValue};
-use hkload::driver::LaunchDims;
 
 /// What one output buffer must hold after the launch.
 #[derive(Debug, Clone)]
@@ -84,7 +84,15 @@ pub struct Case {
     /// Shape and options, for messages: `rows=7 cols=4099`.
     pub label: String,
     pub args: Vec<CaseArg>,
-    pub dims: LaunchDims,
+    /// Blocks in x instead of the contract's, for kernels whose contract says that any grid
+    /// is correct (their blocks stride over the work): fewer blocks than the work needs test
+    /// the stride.
+    pub grid: Option<u32>,
+}
+
+/// ` grid=N` for a case that overrides the contract's grid, for labels.
+pub fn grid_label(grid: Option<u32>) -> String {
+    grid.map_or_else(String::new, |g| format!(" grid={g}"))
 }
 
 /// An output that did not match, with enough detail to start debugging.
@@ -221,7 +229,7 @@ mod tests {
                 len: 2,
                 expect,
             }],
-            dims: LaunchDims::linear(1, 1),
+            grid: None,
         }
     }
 

@@ -2,6 +2,7 @@
 //! test cases, and the f64 reference of every kernel in the library.
 
 pub mod case;
+pub mod device_case;
 pub mod host;
 pub mod kernels;
 pub mod timing;

@@ -13,7 +13,11 @@ use hkload::driver::{ImageKind, LaunchDims, Recorded, RecordingDriver, StreamHan
 use hkload::index::Index;
 use hkload::manifest::{FORMAT_VERSION, ModuleAbi};
 use hkload::target::TargetId;
+use hk_tests::device_case::CaseBuffers;
+use hk_tests::kernels::all_cases;
 use hkload::{Arg, Bundle, Device, Error, LaunchError, OpenOptions};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
 
 fn target(id: &str) -> TargetId {
     id.parse().unwrap()
@@ -122,62 +126,26 @@ fn devices_nothing_runs_on_are_refused_with_the_explanation() {
     }
 }
 
-/// A launch argument list that fits `signature` exactly, with the bytes each argument must
-/// take in the packed buffer.
-fn fitting_args(
-    device: &Device,
-    signature: &[hkload::abi::Param],
-) -> (Vec<hkload::DeviceBuffer>, Vec<ScalarValue>) {
-    let mut buffers = Vec::new();
-    let mut scalars = Vec::new();
-    for (i, param) in signature.iter().enumerate() {
-        match param.ty {
-            ParamType::Pointer { pointee, .. } => buffers.push(device.alloc(pointee, 16).unwrap()),
-            ParamType::Scalar(t) => scalars.push(distinct_value(t, i)),
-        }
+/// The first test case of every kernel of the bundle: valid arguments for each, which its
+/// contract accepts.
+fn case_per_kernel(bundle: &Bundle) -> Vec<hk_tests::case::Case> {
+    let mut cases = all_cases(&mut StdRng::seed_from_u64(0xca11));
+    cases.dedup_by(|a, b| a.kernel == b.kernel);
+    let symbols: Vec<&str> = bundle.table().kernel_symbols().collect();
+    for symbol in &symbols {
+        assert!(
+            cases.iter().any(|c| c.kernel == *symbol),
+            "kernel `{symbol}` has no test case"
+        );
     }
-    (buffers, scalars)
-}
-
-fn distinct_value(ty: ScalarType, seed: usize) -> ScalarValue {
-    let n = 0x11 * (seed as u8 + 1);
-    match ty {
-        ScalarType::Bf16 => ScalarValue::Bf16(0x3f80 + n as u16),
-        ScalarType::F16 => ScalarValue::F16(0x3c00 + n as u16),
-        ScalarType::F32 => ScalarValue::F32(1.5 + n as f32),
-        ScalarType::F64 => ScalarValue::F64(2.5 + n as f64),
-        ScalarType::I8 => ScalarValue::I8(-(n as i8 & 0x3f)),
-        ScalarType::U8 => ScalarValue::U8(n),
-        ScalarType::I16 => ScalarValue::I16(-(n as i16)),
-        ScalarType::U16 => ScalarValue::U16(n as u16 * 3),
-        ScalarType::I32 => ScalarValue::I32(-(n as i32) * 1000),
-        ScalarType::U32 => ScalarValue::U32(n as u32 * 100_003),
-        ScalarType::I64 => ScalarValue::I64(-(n as i64) << 40),
-        ScalarType::U64 => ScalarValue::U64((n as u64) << 36 | 7),
-    }
-}
-
-fn build_args<'a>(
-    signature: &[hkload::abi::Param],
-    buffers: &'a mut [hkload::DeviceBuffer],
-    scalars: &[ScalarValue],
-) -> Vec<Arg<'a>> {
-    let mut buffers = buffers.iter_mut();
-    let mut scalars = scalars.iter();
-    signature
-        .iter()
-        .map(|param| match param.ty {
-            ParamType::Pointer { mutable: true, .. } => Arg::from(buffers.next().unwrap()),
-            ParamType::Pointer { mutable: false, .. } => Arg::Buffer(&*buffers.next().unwrap()),
-            ParamType::Scalar(_) => Arg::Scalar(*scalars.next().unwrap()),
-        })
-        .collect()
+    cases
 }
 
 #[test]
-fn every_kernel_packs_at_metadata_offsets_and_refuses_wrong_arguments() {
+fn every_kernel_calls_with_its_contract_and_packs_at_metadata_offsets() {
     let (bundle_dir, _) = repo_bundles();
     let bundle = Bundle::open(bundle_dir).unwrap();
+    let cases = case_per_kernel(&bundle);
     for device_id in [
         "gfx90a:sramecc+:xnack-",
         "gfx942:sramecc+:xnack-",
@@ -186,46 +154,44 @@ fn every_kernel_packs_at_metadata_offsets_and_refuses_wrong_arguments() {
     ] {
         let (driver, device) = simulated(device_id);
         let loaded = bundle.load(&device).unwrap();
-        for record in bundle.kernel_records().unwrap() {
-            let kernel = loaded.kernel(&record.symbol).unwrap();
-            let abi = kernel.abi().clone();
-            let dims = LaunchDims::linear(3, 64);
-            let (mut buffers, scalars) = fitting_args(&device, &record.args);
-            let pointers: Vec<u64> = buffers.iter().map(|b| b.ptr().0).collect();
-            let args = build_args(&record.args, &mut buffers, &scalars);
-            unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, &args) }.unwrap();
-
+        for case in &cases {
+            let record = bundle.kernel_record(&case.kernel).unwrap();
+            let kernel = loaded.kernel(&case.kernel).unwrap();
+            assert!(kernel.contract().is_some(), "{} has no contract", case.kernel);
+            let buffers = CaseBuffers::upload(&device, case).unwrap();
+            let args = buffers.args();
+            let shape = kernel.launch_shape(&args).unwrap();
+            kernel.call(StreamHandle::DEFAULT, &args).unwrap();
             let Some(Recorded::Launch {
                 kernel: name,
                 args: packed,
-                dims: got_dims,
+                dims,
                 ..
             }) = driver.log().pop()
             else {
-                panic!("no launch recorded for {}", record.symbol);
+                panic!("no launch recorded for {}", case.kernel);
             };
-            assert_eq!((name.as_str(), got_dims), (record.symbol.as_str(), dims));
-            let (mut p, mut s) = (pointers.iter(), scalars.iter());
+            assert_eq!((name.as_str(), dims), (case.kernel.as_str(), shape));
             let mut end = 0;
-            for (param, &offset) in record.args.iter().zip(&abi.arg_offsets) {
+            for ((param, &offset), arg) in record.args.iter().zip(&kernel.abi().arg_offsets).zip(&args) {
                 let at = offset as usize;
-                let want: Vec<u8> = match param.ty {
-                    ParamType::Pointer { .. } => p.next().unwrap().to_le_bytes().to_vec(),
-                    ParamType::Scalar(t) => {
-                        s.next().unwrap().to_le_bytes()[..t.size() as usize].to_vec()
-                    }
+                let want: Vec<u8> = match arg {
+                    Arg::Buffer(b) | Arg::BufferMut(b) => b.ptr().0.to_le_bytes().to_vec(),
+                    Arg::Scalar(value) => value.to_le_bytes()[..param.ty.size() as usize].to_vec(),
+                    Arg::Raw(_) => unreachable!("cases pass device buffers"),
                 };
                 assert_eq!(
                     &packed[at..at + want.len()],
                     &want[..],
                     "{} `{param}` on {device_id}",
-                    record.symbol
+                    case.kernel
                 );
                 end = end.max(at + want.len());
             }
-            assert_eq!(packed.len(), end, "{} on {device_id}", record.symbol);
+            assert_eq!(packed.len(), end, "{} on {device_id}", case.kernel);
 
-            assert_refused(&kernel, &record.args, &device, &driver);
+            assert_refused(&kernel, &record.args, &args, &device, &driver);
+            assert_extents_enforced(&kernel, &record.args, &args, &device, &driver);
         }
     }
 }
@@ -237,20 +203,22 @@ fn replaced<'a>(args: &[Arg<'a>], i: usize, arg: Arg<'a>) -> Vec<Arg<'a>> {
     args
 }
 
-/// Wrong count, kind, size, element type and writability are all refused before the driver.
+/// Wrong count, kind, size, element type, writability, device and driver instance are all
+/// refused before the driver, as are shapes past the kernel's limits.
 fn assert_refused(
     kernel: &hkload::Kernel,
     signature: &[hkload::abi::Param],
+    good: &[Arg<'_>],
     device: &Device,
     driver: &RecordingDriver,
 ) {
     let launches_before = driver.log().len();
-    let dims = LaunchDims::linear(1, 64);
-    // For every pointer parameter: a buffer of another element type, and one of the right
-    // type on another device.
+    // For every pointer parameter: a buffer of another element type, one of the right type on
+    // another device, and one of another driver instance with the same device ordinal.
     let other_driver = Arc::new(RecordingDriver::new([*device.target(), *device.target()]));
-    let other_device = Device::new(other_driver, 1).unwrap();
-    let misfits: Vec<Option<(hkload::DeviceBuffer, hkload::DeviceBuffer)>> = signature
+    let other_device = Device::new(other_driver.clone(), 1).unwrap();
+    let twin_device = Device::new(other_driver, device.ordinal()).unwrap();
+    let misfits: Vec<Option<[hkload::DeviceBuffer; 3]>> = signature
         .iter()
         .map(|param| match param.ty {
             ParamType::Pointer { pointee, .. } => {
@@ -259,33 +227,33 @@ fn assert_refused(
                 } else {
                     ScalarType::I8
                 };
-                Some((
+                Some([
                     device.alloc(other, 16).unwrap(),
                     other_device.alloc(pointee, 16).unwrap(),
-                ))
+                    twin_device.alloc(pointee, 1 << 16).unwrap(),
+                ])
             }
             ParamType::Scalar(_) => None,
         })
         .collect();
-    let (mut buffers, scalars) = fitting_args(device, signature);
-    let good = build_args(signature, &mut buffers, &scalars);
     let mut attempts: Vec<(Vec<Arg<'_>>, &str)> = vec![
         (good[..good.len() - 1].to_vec(), "ArgCount"),
         (
-            [good.clone(), vec![Arg::Scalar(ScalarValue::U32(1))]].concat(),
+            [good.to_vec(), vec![Arg::Scalar(ScalarValue::U32(1))]].concat(),
             "ArgCount",
         ),
     ];
     for (i, param) in signature.iter().enumerate() {
-        let with = |arg| replaced(&good, i, arg);
+        let with = |arg| replaced(good, i, arg);
         match (param.ty, good[i], &misfits[i]) {
-            (ParamType::Pointer { .. }, given, Some((wrong_elem, wrong_device))) => {
+            (ParamType::Pointer { .. }, given, Some([wrong_elem, wrong_device, twin])) => {
                 attempts.push((with(Arg::Scalar(ScalarValue::U64(0x1000))), "ArgType"));
                 if let Arg::BufferMut(buffer) = given {
                     attempts.push((with(Arg::Buffer(buffer)), "ArgType"));
                 }
                 attempts.push((with(Arg::BufferMut(wrong_elem)), "ArgType"));
                 attempts.push((with(Arg::BufferMut(wrong_device)), "ArgDevice"));
+                attempts.push((with(Arg::BufferMut(twin)), "ArgDriver"));
             }
             (ParamType::Scalar(t), _, _) => {
                 let other = if t == ScalarType::U64 {
@@ -294,7 +262,7 @@ fn assert_refused(
                     ScalarValue::U64(1)
                 };
                 attempts.push((with(Arg::Scalar(other)), "ArgType"));
-                if let Some(Some((buffer, _))) = misfits.iter().find(|m| m.is_some()) {
+                if let Some(Some([buffer, ..])) = misfits.iter().find(|m| m.is_some()) {
                     attempts.push((with(Arg::Buffer(buffer)), "ArgType"));
                 }
             }
@@ -302,34 +270,118 @@ fn assert_refused(
         }
     }
     for (args, expected) in attempts {
-        let error = unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, &args) }.unwrap_err();
+        let error = kernel.call(StreamHandle::DEFAULT, &args).unwrap_err();
         let name = match error {
             Error::Launch(LaunchError::ArgCount { .. }) => "ArgCount",
             Error::Launch(LaunchError::ArgType { .. }) => "ArgType",
             Error::Launch(LaunchError::ArgDevice { .. }) => "ArgDevice",
+            Error::Launch(LaunchError::ArgDriver { .. }) => "ArgDriver",
             ref other => panic!("unexpected error {other}"),
         };
         assert_eq!(name, expected, "{}: {error}", kernel.name());
         assert!(error.to_string().contains(kernel.name()));
     }
-    let too_big = LaunchDims::linear(1, kernel.abi().max_flat_workgroup_size + 1);
-    let error = unsafe { kernel.launch(&too_big, StreamHandle::DEFAULT, &good) }.unwrap_err();
+    let shape = kernel.launch_shape(good).unwrap();
+    let too_big = LaunchDims {
+        block: [kernel.abi().max_flat_workgroup_size + 1, 1, 1],
+        ..shape
+    };
+    let error = unsafe { kernel.launch(&too_big, StreamHandle::DEFAULT, good) }.unwrap_err();
     assert!(
         matches!(error, Error::Launch(LaunchError::Dims { .. })),
         "{error}"
     );
-    let mut huge_shared = dims;
+    let mut huge_shared = shape;
     huge_shared.shared_bytes = 1 << 20;
-    let error = unsafe { kernel.launch(&huge_shared, StreamHandle::DEFAULT, &good) }.unwrap_err();
+    let error = unsafe { kernel.launch(&huge_shared, StreamHandle::DEFAULT, good) }.unwrap_err();
     assert!(
         matches!(error, Error::Launch(LaunchError::Dims { .. })),
         "{error}"
+    );
+    // Per-dimension limits: CUDA's block z of 64 and grid y of 65535; HSA's 2^32 - 1
+    // work-items a dimension.
+    let past_limits = match device.target() {
+        TargetId::Nvidia(_) => LaunchDims {
+            grid: [1, 65536, 1],
+            block: [1, 1, 1],
+            shared_bytes: 0,
+        },
+        TargetId::Amd(_) => LaunchDims {
+            grid: [1 << 24, 1, 1],
+            block: [256, 1, 1],
+            shared_bytes: 0,
+        },
+    };
+    let error = unsafe { kernel.launch(&past_limits, StreamHandle::DEFAULT, good) }.unwrap_err();
+    assert!(
+        matches!(error, Error::Launch(LaunchError::Dims { .. })),
+        "{}: {error}",
+        kernel.name()
     );
     assert_eq!(
         driver.log().len(),
         launches_before,
         "refused launches reach no driver"
     );
+}
+
+/// Every pointer argument one element shorter than its extent is refused, naming the kernel,
+/// the argument and both lengths, before the driver is called; exactly its extent is enough.
+fn assert_extents_enforced(
+    kernel: &hkload::Kernel,
+    signature: &[hkload::abi::Param],
+    good: &[Arg<'_>],
+    device: &Device,
+    driver: &RecordingDriver,
+) {
+    for (i, param) in signature.iter().enumerate() {
+        let ParamType::Pointer { pointee, mutable } = param.ty else {
+            continue;
+        };
+        let with = |buffer| {
+            replaced(
+                good,
+                i,
+                if mutable {
+                    Arg::BufferMut(buffer)
+                } else {
+                    Arg::Buffer(buffer)
+                },
+            )
+        };
+        // An empty buffer is too short for any extent but 0, and the error says how long a
+        // buffer must be.
+        let empty = device.alloc(pointee, 0).unwrap();
+        let needed = match kernel.call(StreamHandle::DEFAULT, &with(&empty)) {
+            Err(Error::Launch(LaunchError::Extent { needed, .. })) => needed as usize,
+            Ok(()) => continue,
+            Err(other) => panic!("{}: {other}", kernel.name()),
+        };
+        let launches_before = driver.log().len();
+        let short = device.alloc(pointee, needed - 1).unwrap();
+        let error = kernel.call(StreamHandle::DEFAULT, &with(&short)).unwrap_err();
+        let Error::Launch(LaunchError::Extent {
+            kernel: ref name,
+            index,
+            needed: n,
+            given,
+            ..
+        }) = error
+        else {
+            panic!("{}: `{param}` one short gave {error}", kernel.name());
+        };
+        assert_eq!(
+            (name.as_str(), index, n as usize, given),
+            (kernel.name(), i, needed, needed - 1)
+        );
+        let message = error.to_string();
+        for part in [kernel.name(), param.name.as_str(), &needed.to_string(), &(needed - 1).to_string()] {
+            assert!(message.contains(part), "`{message}` does not name {part}");
+        }
+        assert_eq!(driver.log().len(), launches_before, "refused before the driver");
+        let exact = device.alloc(pointee, needed).unwrap();
+        kernel.call(StreamHandle::DEFAULT, &with(&exact)).unwrap();
+    }
 }
 
 #[test]

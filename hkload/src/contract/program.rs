@@ -258,6 +258,30 @@ impl<'a> Binder<'a> {
         (self.nodes.len() - 1) as NodeId
     }
 
+    /// `node` with constant operands replaced by its value, so that a contract that overflows
+    /// or divides by zero whatever the call passes is refused when it is bound (by hkpack, at
+    /// build time) rather than at every call.
+    fn fold(&self, node: Node, expr: &Expr) -> Result<Node, BindError> {
+        let constant = |id: NodeId| match self.nodes.get(id as usize) {
+            Some(Node::Int(v)) => Some(*v),
+            _ => None,
+        };
+        let operands: &[NodeId] = match &node {
+            Node::Int(_) | Node::Slot(_) => return Ok(node),
+            Node::Neg(a) | Node::Not(a) | Node::NextPow2(a) => &[*a],
+            Node::Binary(_, a, b) | Node::Min(a, b) | Node::Max(a, b) | Node::CeilDiv(a, b) => {
+                &[*a, *b]
+            }
+            Node::Cond(c, a, b) => &[*c, *a, *b],
+        };
+        if operands.iter().any(|&id| constant(id).is_none()) {
+            return Ok(node);
+        }
+        apply(node, |id| Ok(constant(id).unwrap_or(0)))
+            .map(Node::Int)
+            .map_err(|fault| self.error(None, format!("`{expr}` cannot be computed: {fault}")))
+    }
+
     fn operand(&mut self, expr: &Expr, want: Ty, context: &Expr, depth: usize) -> Result<NodeId, BindError> {
         let (id, ty) = self.bind(expr, depth + 1)?;
         if ty != want {
@@ -306,6 +330,7 @@ impl<'a> Binder<'a> {
                 (Node::Cond(c, a, b), ty)
             }
         };
+        let node = self.fold(node, expr)?;
         Ok((self.push(node), ty))
     }
 
@@ -546,70 +571,75 @@ impl Run<'_> {
     fn eval(&mut self, id: NodeId) -> Result<i64, Fault> {
         // Nodes are bound children first, so a child's id is always below its parent's: the
         // recursion is as deep as the expression, which binding bounded.
-        let node = self.program.nodes[id as usize];
-        let checked = |result: Option<i64>, a: i64, op: &str, b: i64| {
-            result.ok_or_else(|| {
-                if b == 0 && matches!(op, "/" | "%" | "ceil_div") {
-                    format!("{a} {op} {b} divides by zero")
+        match self.program.nodes[id as usize] {
+            Node::Slot(slot) => self.slot(slot),
+            node => apply(node, |child| self.eval(child)),
+        }
+    }
+}
+
+/// The value of `node` (anything but a slot), reading each operand through `operand` only when
+/// it decides the result: the conditional evaluates one branch, `&&` and `||` stop early.
+fn apply(node: Node, mut operand: impl FnMut(NodeId) -> Result<i64, Fault>) -> Result<i64, Fault> {
+    let checked = |result: Option<i64>, a: i64, op: &str, b: i64| {
+        result.ok_or_else(|| {
+            if b == 0 && matches!(op, "/" | "%") {
+                format!("{a} {op} {b} divides by zero")
+            } else {
+                format!("{a} {op} {b} does not fit in 64 bits")
+            }
+        })
+    };
+    match node {
+        Node::Int(v) => Ok(v),
+        Node::Slot(_) => Err("a value is read before the call gives it".to_owned()),
+        Node::Neg(a) => {
+            let a = operand(a)?;
+            a.checked_neg()
+                .ok_or_else(|| format!("-({a}) does not fit in 64 bits"))
+        }
+        Node::Not(a) => Ok(i64::from(operand(a)? == 0)),
+        Node::Binary(BinaryOp::And, a, b) => Ok(i64::from(operand(a)? != 0 && operand(b)? != 0)),
+        Node::Binary(BinaryOp::Or, a, b) => Ok(i64::from(operand(a)? != 0 || operand(b)? != 0)),
+        Node::Binary(op, a, b) => {
+            let (a, b) = (operand(a)?, operand(b)?);
+            let symbol = op.symbol();
+            match op {
+                BinaryOp::Add => checked(a.checked_add(b), a, symbol, b),
+                BinaryOp::Sub => checked(a.checked_sub(b), a, symbol, b),
+                BinaryOp::Mul => checked(a.checked_mul(b), a, symbol, b),
+                BinaryOp::Div => checked(a.checked_div(b), a, symbol, b),
+                BinaryOp::Rem => checked(a.checked_rem(b), a, symbol, b),
+                BinaryOp::Eq => Ok(i64::from(a == b)),
+                BinaryOp::Ne => Ok(i64::from(a != b)),
+                BinaryOp::Lt => Ok(i64::from(a < b)),
+                BinaryOp::Le => Ok(i64::from(a <= b)),
+                BinaryOp::Gt => Ok(i64::from(a > b)),
+                BinaryOp::Ge => Ok(i64::from(a >= b)),
+                BinaryOp::And | BinaryOp::Or => unreachable!("evaluated lazily above"),
+            }
+        }
+        Node::Min(a, b) => Ok(operand(a)?.min(operand(b)?)),
+        Node::Max(a, b) => Ok(operand(a)?.max(operand(b)?)),
+        Node::CeilDiv(a, b) => {
+            let (a, b) = (operand(a)?, operand(b)?);
+            ceil_div(a, b).ok_or_else(|| {
+                if b == 0 {
+                    format!("ceil_div({a}, {b}) divides by zero")
                 } else {
-                    format!("{a} {op} {b} does not fit in 64 bits")
+                    format!("ceil_div({a}, {b}) does not fit in 64 bits")
                 }
             })
-        };
-        match node {
-            Node::Int(v) => Ok(v),
-            Node::Slot(slot) => self.slot(slot),
-            Node::Neg(a) => {
-                let a = self.eval(a)?;
-                a.checked_neg().ok_or_else(|| format!("-({a}) does not fit in 64 bits"))
-            }
-            Node::Not(a) => Ok(i64::from(self.eval(a)? == 0)),
-            Node::Binary(BinaryOp::And, a, b) => {
-                Ok(i64::from(self.eval(a)? != 0 && self.eval(b)? != 0))
-            }
-            Node::Binary(BinaryOp::Or, a, b) => {
-                Ok(i64::from(self.eval(a)? != 0 || self.eval(b)? != 0))
-            }
-            Node::Binary(op, a, b) => {
-                let (a, b) = (self.eval(a)?, self.eval(b)?);
-                let symbol = op.symbol();
-                match op {
-                    BinaryOp::Add => checked(a.checked_add(b), a, symbol, b),
-                    BinaryOp::Sub => checked(a.checked_sub(b), a, symbol, b),
-                    BinaryOp::Mul => checked(a.checked_mul(b), a, symbol, b),
-                    BinaryOp::Div => checked(a.checked_div(b), a, symbol, b),
-                    BinaryOp::Rem => checked(a.checked_rem(b), a, symbol, b),
-                    BinaryOp::Eq => Ok(i64::from(a == b)),
-                    BinaryOp::Ne => Ok(i64::from(a != b)),
-                    BinaryOp::Lt => Ok(i64::from(a < b)),
-                    BinaryOp::Le => Ok(i64::from(a <= b)),
-                    BinaryOp::Gt => Ok(i64::from(a > b)),
-                    BinaryOp::Ge => Ok(i64::from(a >= b)),
-                    BinaryOp::And | BinaryOp::Or => unreachable!("evaluated lazily above"),
-                }
-            }
-            Node::Min(a, b) => Ok(self.eval(a)?.min(self.eval(b)?)),
-            Node::Max(a, b) => Ok(self.eval(a)?.max(self.eval(b)?)),
-            Node::CeilDiv(a, b) => {
-                let (a, b) = (self.eval(a)?, self.eval(b)?);
-                ceil_div(a, b).ok_or_else(|| {
-                    if b == 0 {
-                        format!("ceil_div({a}, {b}) divides by zero")
-                    } else {
-                        format!("ceil_div({a}, {b}) does not fit in 64 bits")
-                    }
-                })
-            }
-            Node::NextPow2(a) => {
-                let a = self.eval(a)?;
-                next_pow2(a).ok_or_else(|| format!("next_pow2({a}) does not fit in 64 bits"))
-            }
-            Node::Cond(c, a, b) => {
-                if self.eval(c)? != 0 {
-                    self.eval(a)
-                } else {
-                    self.eval(b)
-                }
+        }
+        Node::NextPow2(a) => {
+            let a = operand(a)?;
+            next_pow2(a).ok_or_else(|| format!("next_pow2({a}) does not fit in 64 bits"))
+        }
+        Node::Cond(c, a, b) => {
+            if operand(c)? != 0 {
+                operand(a)
+            } else {
+                operand(b)
             }
         }
     }

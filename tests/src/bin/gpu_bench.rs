@@ -17,7 +17,8 @@
 //!   hkload takes beyond it is its own work), and loading the module's PTX (the driver's JIT).
 //!   Every repetition unloads its module; the context is created before anything is timed. Run
 //!   with `CUDA_CACHE_DISABLE=1` for JIT times without the driver's compute cache.
-//! * (b) Launch overhead: CPU time per launch of hkload's checked launch, of the CUDA driver
+//! * (b) Launch overhead: CPU time per launch of hkload's `Kernel::call` (the contract computes
+//!   the shape and checks every extent), of its checked launch with precomputed dimensions, of the CUDA driver
 //!   layer alone (packed arguments, no checks), and of raw `cuLaunchKernel` with `kernelParams`
 //!   and with the packed buffer in `extra`. One-block grid, batches of launches synchronised in
 //!   between (so the queue never backs up into the timing), variants interleaved so that drift
@@ -25,10 +26,8 @@
 //! * (c) Hash verification: (a)'s hkload row with `verify_hashes` off.
 //!
 //! Reports medians with 10th and 90th percentiles, ratios against the raw calls, and whether
-//! the targets ((a) ≤ 1.25×, (b) ≤ 1.05×) are met; a missed target is reported, not an error.
+//! the targets ((a) ≤ 1.25×, (b) `launch` ≤ 1.05× and `call` ≤ 1.10×) are met; a missed target is reported, not an error.
 //! Exits with 1 when the kernel computes wrong results, 2 on any other failure.
-
-mod device_case;
 
 use std::ffi::{CStr, CString, c_void};
 use std::fs::File;
@@ -48,7 +47,7 @@ use hkload::{Arg, Bundle, Device, OpenOptions};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use device_case::{CaseBuffers, run_case};
+use hk_tests::device_case::{CaseBuffers, run_case};
 use hk_tests::timing::Stats;
 
 const USAGE: &str = "usage: gpu_bench <bundle folder> [--kernel NAME]";
@@ -68,6 +67,7 @@ const LAUNCH_ROUNDS: usize = 400;
 
 const COLD_TARGET: f64 = 1.25;
 const LAUNCH_TARGET: f64 = 1.05;
+const CALL_TARGET: f64 = 1.10;
 
 fn main() -> ExitCode {
     match run() {
@@ -191,7 +191,7 @@ fn run() -> Result<bool, String> {
         symbol: CString::new(case.kernel.as_str()).map_err(text)?,
         tiny: LaunchDims {
             grid: [1, 1, 1],
-            ..case.dims
+            ..kernel.launch_shape(&args).map_err(text)?
         },
         args: &args,
         embedded,
@@ -371,7 +371,7 @@ fn pack(args: &[Arg<'_>], slots: &[(u32, u32)]) -> Result<Vec<u8>, String> {
     for (arg, slot) in args.iter().zip(slots) {
         let value = match arg {
             Arg::Buffer(buffer) | Arg::BufferMut(buffer) => buffer.ptr().0.to_le_bytes(),
-            Arg::Raw(raw) => raw.ptr.0.to_le_bytes(),
+            Arg::Raw(raw) => raw.ptr().0.to_le_bytes(),
             Arg::Scalar(value) => value.to_le_bytes(),
         };
         let (start, len) = (slot.0 as usize, slot.1 as usize);
@@ -781,8 +781,10 @@ fn hkload_cold_start(
     lap.split();
     let kernel = loaded.kernel(setup.kernel).map_err(text)?;
     lap.split();
-    // SAFETY: the buffers outlive the launch, which is synchronised before returning.
-    unsafe { kernel.launch(&setup.tiny, StreamHandle::DEFAULT, setup.args) }.map_err(text)?;
+    // The case is the first of its kernel: a one-block grid, as the raw variants launch.
+    kernel
+        .call(StreamHandle::DEFAULT, setup.args)
+        .map_err(text)?;
     setup.device.synchronize().map_err(text)?;
     lap.split();
     // Unloads the module, outside the timing as for the raw variants.
@@ -845,6 +847,7 @@ fn kernel_params(setup: &Setup<'_>) -> Vec<*mut c_void> {
 }
 
 struct LaunchOverhead {
+    call: Stats,
     hkload: Stats,
     driver: Stats,
     raw_params: Stats,
@@ -888,6 +891,18 @@ fn launch_overhead(setup: &Setup<'_>, images: &Images) -> Result<LaunchOverhead,
     }
     let dims = &setup.tiny;
     let mut variants = vec![
+        Variant::new(
+            "hkload Kernel::call (contract)",
+            LAUNCH_WARMUP,
+            LAUNCH_ROUNDS,
+            || {
+                batch(|| {
+                    kernel
+                        .call(StreamHandle::DEFAULT, setup.args)
+                        .map_err(text)
+                })
+            },
+        ),
         Variant::new(
             "hkload Kernel::launch (checked)",
             LAUNCH_WARMUP,
@@ -938,10 +953,11 @@ fn launch_overhead(setup: &Setup<'_>, images: &Images) -> Result<LaunchOverhead,
     drop(variants);
     setup.cuda.unload_module(module).map_err(text)?;
     Ok(LaunchOverhead {
-        hkload: stats[0],
-        driver: stats[1],
-        raw_params: stats[2],
-        raw_extra: stats[3],
+        call: stats[0],
+        hkload: stats[1],
+        driver: stats[2],
+        raw_params: stats[3],
+        raw_extra: stats[4],
         device_per_launch: device_time.as_secs_f64() / LAUNCH_BATCH as f64,
     })
 }
@@ -1039,6 +1055,7 @@ fn print_launch_overhead(launch: &LaunchOverhead) {
     );
     let base = launch.raw_params.median;
     let rows = [
+        ("hkload Kernel::call (contract)", launch.call),
         ("hkload Kernel::launch (checked)", launch.hkload),
         ("CudaDriver::launch (packed)", launch.driver),
         ("raw cuLaunchKernel, kernelParams", launch.raw_params),
@@ -1054,8 +1071,10 @@ fn print_launch_overhead(launch: &LaunchOverhead) {
         );
     }
     println!(
-        "    where the time goes: hkload's checks and packing {}, the driver layer (lookup, \
-         context check) {}, extra buffer instead of kernelParams {}",
+        "    where the time goes: the contract (requirements, shape, extents) {}, hkload's \
+         checks and packing {}, the driver layer (lookup, context check) {}, extra buffer \
+         instead of kernelParams {}",
+        seconds(launch.call.median - launch.hkload.median),
         seconds(launch.hkload.median - launch.driver.median),
         seconds(launch.driver.median - launch.raw_extra.median),
         seconds(launch.raw_extra.median - launch.raw_params.median)
@@ -1066,9 +1085,15 @@ fn print_launch_overhead(launch: &LaunchOverhead) {
     );
     let ratio = launch.hkload.median / base;
     println!(
-        "    target (b): hkload <= {LAUNCH_TARGET:.2}x raw cuLaunchKernel (kernelParams): \
+        "    target (b): Kernel::launch <= {LAUNCH_TARGET:.2}x raw cuLaunchKernel (kernelParams): \
          {ratio:.3}x, {}",
         verdict(ratio <= LAUNCH_TARGET)
+    );
+    let ratio = launch.call.median / base;
+    println!(
+        "    target (b'): Kernel::call <= {CALL_TARGET:.2}x raw cuLaunchKernel (kernelParams): \
+         {ratio:.3}x, {}",
+        verdict(ratio <= CALL_TARGET)
     );
 }
 

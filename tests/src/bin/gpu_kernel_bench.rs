@@ -41,15 +41,15 @@ use std::sync::atomic::{Ordering, fence};
 
 use half::bf16;
 use hk_tests::host::{POISON_BYTE, decode};
-use hk_tests::kernels::activation::{self, Activation, act_and_mul};
-use hk_tests::kernels::norm::{NormKind, layernorm, residual_add, rmsnorm, row_launch_dims};
+use hk_tests::kernels::activation::{Activation, act_and_mul};
+use hk_tests::kernels::norm::{NormKind, layernorm, residual_add, rmsnorm};
 use hk_tests::kernels::rope::{self, RopeStyle, rope_tables};
 use hk_tests::kernels::softmax::softmax;
-use hk_tests::kernels::topk::{self, topk};
+use hk_tests::kernels::topk::topk;
 use hk_tests::timing::Stats;
 use hkload::abi::{ScalarType, ScalarValue};
 use hkload::driver::cuda::{EVENT_SYMBOLS, sys};
-use hkload::driver::{CudaDriver, DevicePtr, LaunchDims, StreamHandle};
+use hkload::driver::{CudaDriver, DevicePtr, StreamHandle};
 use hkload::{Arg, Bundle, Device, DeviceBuffer, Kernel, RawPointer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -65,8 +65,6 @@ const RMS_EPS: f32 = 1e-6;
 const LAYER_EPS: f32 = 1e-5;
 /// RoPE's frequency base, as in most models.
 const ROPE_BASE: f64 = 10_000.0;
-/// Lanes in a wave (warp) on NVIDIA GPUs, for the top-k launch.
-const WAVE_SIZE: usize = 32;
 
 /// Untimed launches before the timed ones (module load and clocks settle there).
 const WARMUP: usize = 10;
@@ -547,26 +545,6 @@ impl Workload {
         }
     }
 
-    /// The launch each kernel's header asks for.
-    fn dims(self) -> LaunchDims {
-        match self {
-            Self::Norm { rows, cols, .. } | Self::Softmax { rows, cols } => {
-                row_launch_dims(ELEM, rows, cols)
-            }
-            Self::SiluAndMul { rows, width } => {
-                activation::launch_dims((rows * (width / 2)) as u64)
-            }
-            Self::Rope {
-                batch, heads, seq, ..
-            } => {
-                let vectors = batch * heads * seq;
-                let blocks = vectors.div_ceil(rope::ROWS_PER_BLOCK as usize).max(1);
-                LaunchDims::linear(blocks as u32, rope::BLOCK_THREADS)
-            }
-            Self::TopK { rows, n, .. } => topk::launch_dims(rows, n, WAVE_SIZE),
-        }
-    }
-
     /// The outputs the kernel must produce from `inputs`, by argument name, from the f64
     /// references of `hk_tests::kernels`.
     fn reference(self, inputs: &Named) -> Result<Named, String> {
@@ -687,7 +665,6 @@ impl Workload {
             .filter(|t| t.role.rotated())
             .map(TensorSpec::bytes)
             .sum();
-        let dims = self.dims();
         Json::object()
             .field("record", "kernel")
             .field("kernel", self.kernel())
@@ -696,8 +673,6 @@ impl Workload {
             .field("params", &self.params())
             .field("bytes", &moved)
             .field("sets", &sets(set_bytes, iters))
-            .field("grid", &(dims.grid[0] as u64))
-            .field("block", &(dims.block[0] as u64))
             .field("warmup", &WARMUP)
             .field("iters", &iters)
     }
@@ -852,12 +827,23 @@ impl DeviceTensors {
                     buffer,
                     stride,
                     mutable,
-                } => Arg::Raw(RawPointer {
-                    ptr: DevicePtr(buffer.ptr().0 + set as u64 * stride),
-                    device: buffer.device(),
-                    elem: buffer.elem(),
-                    mutable: *mutable,
-                }),
+                } => {
+                    let len = match *stride {
+                        0 => buffer.len(),
+                        copy_bytes => copy_bytes as usize / buffer.elem().size() as usize,
+                    };
+                    // SAFETY: copy `set` of the tensor is `len` elements of `buffer`, which
+                    // outlives every launch made with it (`time` synchronises before dropping).
+                    Arg::Raw(unsafe {
+                        RawPointer::new(
+                            DevicePtr(buffer.ptr().0 + set as u64 * stride),
+                            buffer.device(),
+                            buffer.elem(),
+                            len,
+                            *mutable,
+                        )
+                    })
+                }
                 Placed::Scalar(value) => Arg::Scalar(*value),
             })
             .collect()
@@ -952,11 +938,8 @@ impl Bench<'_> {
             })
             .collect();
         let tensors = DeviceTensors::place(self.device, &specs, 1, &host)?;
-        // SAFETY: every buffer holds the elements the kernel's header says it reads or writes
-        // for this shape (the table and the launch come from one `Workload`), and all of them
-        // live until after the synchronisation below (which, should it fail, leaves a context
-        // that runs nothing more).
-        unsafe { kernel.launch(&workload.dims(), StreamHandle::DEFAULT, &tensors.args(0)) }
+        kernel
+            .call(StreamHandle::DEFAULT, &tensors.args(0))
             .map_err(text)?;
         self.device.synchronize().map_err(text)?;
 
@@ -1054,12 +1037,9 @@ impl Bench<'_> {
             DeviceTensors::place(self.device, &specs, sets, &host)?
         };
         let args: Vec<Vec<Arg<'_>>> = (0..sets).map(|set| tensors.args(set)).collect();
-        let dims = workload.dims();
         let launch = |i: usize| {
             let args = args.get(i % sets).map_or(&[][..], Vec::as_slice);
-            // SAFETY: as in `check`, with copy `i % sets` of every rotated tensor; `tensors`
-            // outlives the synchronisation below.
-            unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, args) }.map_err(text)
+            kernel.call(StreamHandle::DEFAULT, args).map_err(text)
         };
         let timing = self.timer.time(launch, self.iters);
         // Every launch is done before `tensors` is freed, also after an error.

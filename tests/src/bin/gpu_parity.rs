@@ -15,8 +15,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-mod device_case;
-
 use hk_tests::case::Case;
 use hk_tests::kernels::all_cases;
 use hkload::driver::CudaDriver;
@@ -25,7 +23,7 @@ use hkload::{Bundle, Device, LoadedBundle};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use device_case::run_case;
+use hk_tests::device_case::run_case;
 
 const USAGE: &str = "usage: gpu_parity <bundle folder> [--seed N]";
 

@@ -7,29 +7,15 @@
 //!   first and the gate second (as vLLM's `silu_and_mul`), `out[r, i] = act(x[r, i]) ·
 //!   x[r, cols + i]`.
 //!
-//! Launch: [`launch_dims`], 256-thread blocks, one 16-byte vector of 16-bit elements per thread.
+//! Launch: the kernels' contracts (`manifests/activation.toml`, `manifests/gated_activation.toml`).
 
 use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI, PI};
 
 use hkload::abi::{ScalarType, ScalarValue};
-use hkload::driver::LaunchDims;
 use rand::Rng;
 
-use crate::case::{Case, CaseArg, Expect};
+use crate::case::{Case, CaseArg, Expect, grid_label};
 use crate::host::{epsilon, random_rounded};
-
-/// Threads in a block of every activation kernel.
-pub const BLOCK_THREADS: u32 = 256;
-
-/// Output elements one block covers in the intended launch (one 16-byte vector of bf16/f16
-/// per thread; f32 threads take two).
-pub const ELEMENTS_PER_BLOCK: u64 = 2048;
-
-/// The launch the activation kernels are written for, for `n` output elements (`rows · cols`
-/// for the gated ones). Any grid is correct: threads stride over the output.
-pub fn launch_dims(n: u64) -> LaunchDims {
-    LaunchDims::linear(n.div_ceil(ELEMENTS_PER_BLOCK).max(1) as u32, BLOCK_THREADS)
-}
 
 /// The error function, to about 1e-15 relative (a reference for the kernels' f32 polynomial,
 /// which Rust's std does not provide).
@@ -147,7 +133,7 @@ pub fn tolerance(ty: ScalarType) -> (f64, f64) {
     }
 }
 
-/// One elementwise size: `n` elements in `[-range, range)`; `grid` overrides the launch's
+/// One elementwise size: `n` elements in `[-range, range)`; `grid` overrides the contract's
 /// block count to test the grid stride.
 #[derive(Debug, Clone, Copy)]
 struct Elementwise {
@@ -246,13 +232,10 @@ fn elementwise_case(
     let Elementwise { n, range, grid } = size;
     let x = random_rounded(rng, ty, n, 0.0, range);
     let want = x.iter().map(|&v| act.apply(v)).collect();
-    let mut dims = launch_dims(n as u64);
-    if let Some(blocks) = grid {
-        dims.grid[0] = blocks;
-    }
+
     Case {
         kernel: format!("{}_{}", act.name(), ty.name()),
-        label: format!("n={n} range={range} grid={}", dims.grid[0]),
+        label: format!("n={n} range={range}{}", grid_label(grid)),
         args: vec![
             CaseArg::Output {
                 name: "out",
@@ -263,7 +246,7 @@ fn elementwise_case(
             CaseArg::input("x", ty, x),
             CaseArg::Scalar(ScalarValue::U64(n as u64)),
         ],
-        dims,
+        grid,
     }
 }
 
@@ -274,13 +257,10 @@ fn gated_case(act: Activation, ty: ScalarType, size: Gated, rng: &mut impl Rng) 
         .chunks(2 * cols)
         .flat_map(|row| act_and_mul(act, row))
         .collect();
-    let mut dims = launch_dims((rows * cols) as u64);
-    if let Some(blocks) = grid {
-        dims.grid[0] = blocks;
-    }
+
     Case {
         kernel: format!("{}_and_mul_{}", act.name(), ty.name()),
-        label: format!("rows={rows} cols={cols} grid={}", dims.grid[0]),
+        label: format!("rows={rows} cols={cols}{}", grid_label(grid)),
         args: vec![
             CaseArg::Output {
                 name: "out",
@@ -292,7 +272,7 @@ fn gated_case(act: Activation, ty: ScalarType, size: Gated, rng: &mut impl Rng) 
             CaseArg::Scalar(ScalarValue::U32(rows as u32)),
             CaseArg::Scalar(ScalarValue::U32(cols as u32)),
         ],
-        dims,
+        grid,
     }
 }
 
@@ -363,14 +343,6 @@ mod tests {
             Activation::Silu.apply(-2.0) * 0.5,
         ];
         assert_eq!(act_and_mul(Activation::Silu, &row), want);
-    }
-
-    #[test]
-    fn launch_gives_each_thread_one_vector() {
-        assert_eq!(launch_dims(1).grid, [1, 1, 1]);
-        assert_eq!(launch_dims(2048).grid, [1, 1, 1]);
-        assert_eq!(launch_dims(2049).grid, [2, 1, 1]);
-        assert_eq!(launch_dims(0).grid, [1, 1, 1], "a grid is never empty");
     }
 
     #[test]

@@ -6,7 +6,6 @@
 //! all in the one element type; `out` has the shape of `x`.
 
 use hkload::abi::{ScalarType, ScalarValue};
-use hkload::driver::LaunchDims;
 use rand::Rng;
 
 use crate::case::{Case, CaseArg};
@@ -67,22 +66,6 @@ pub fn causal_conv1d(
 /// SiLU (swish): `x · sigmoid(x)`.
 pub fn silu(x: f64) -> f64 {
     super::activation::Activation::Silu.apply(x)
-}
-
-/// Threads in a block of either kernel.
-pub const BLOCK_THREADS: u32 = 128;
-
-/// Time steps one block covers: each thread computes 32 bytes of consecutive outputs of one
-/// channel (16 bf16/f16 values, 8 f32 ones).
-pub fn tile(ty: ScalarType) -> usize {
-    BLOCK_THREADS as usize * 32 / ty.size() as usize
-}
-
-/// The launch of either kernel in element type `ty`: one block per [`tile`] of time steps of
-/// each channel of each sequence (blocks stride over the tiles, so any grid is correct).
-pub fn launch_dims(shape: ConvShape, ty: ScalarType) -> LaunchDims {
-    let tiles = shape.batch * shape.dim * shape.seqlen.div_ceil(tile(ty));
-    LaunchDims::linear(tiles.max(1) as u32, BLOCK_THREADS)
 }
 
 const fn shape(batch: usize, dim: usize, seqlen: usize, width: usize) -> ConvShape {
@@ -165,7 +148,7 @@ fn case(with_bias_silu: bool, ty: ScalarType, shape: ConvShape, rng: &mut impl R
         kernel: format!("{family}_{}", ty.name()),
         label: format!("batch={batch} dim={dim} seqlen={seqlen} width={width}"),
         args,
-        dims: launch_dims(shape, ty),
+        grid: None,
     }
 }
 
@@ -250,15 +233,10 @@ mod tests {
             let Some(CaseArg::Output { len, .. }) = case.args.first() else {
                 panic!("{}: out comes first", case.kernel);
             };
-            let (Some(CaseArg::Input { elem, .. }), [tiles, 1, 1]) =
-                (case.args.get(1), case.dims.grid)
-            else {
-                panic!(
-                    "{}: x comes second and the grid is one-dimensional",
-                    case.kernel
-                );
+            let Some(CaseArg::Input { data, .. }) = case.args.get(1) else {
+                panic!("{}: x comes second", case.kernel);
             };
-            assert!(tiles as usize * tile(*elem) >= *len, "{}", case.label);
+            assert_eq!(data.len(), *len, "{}: one output per input", case.label);
         }
     }
 }

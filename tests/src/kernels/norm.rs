@@ -9,55 +9,13 @@
 //! - `layernorm_T(out, x, weight, bias, eps, rows, cols)`
 //! - `fused_add_layernorm_T(out, residual, x, weight, bias, eps, rows, cols)`, likewise.
 //!
-//! Launch: [`row_launch_dims`], blocks of [`MIN_BLOCK_THREADS`] to [`BLOCK_THREADS`] threads, 1 to
-//! 8 rows per block.
+//! Launch: the kernels' contract (`manifests/rmsnorm.toml`, `manifests/layernorm.toml`).
 
 use hkload::abi::{ScalarType, ScalarValue};
-use hkload::driver::LaunchDims;
 use rand::Rng;
 
-use crate::case::{Case, CaseArg, Expect};
+use crate::case::{Case, CaseArg, Expect, grid_label};
 use crate::host::{epsilon, random_rounded, round_to};
-
-/// Threads in the largest block of the row kernels (the norms here and softmax), their launch
-/// bound, and so the most lanes a team of theirs has.
-pub const BLOCK_THREADS: u32 = 256;
-
-/// Threads in the smallest block the row kernels are launched with: teams of fewer lanes share
-/// a block of this size (`kMinBlock` in `kernels/include/hk/walk.h` says why 64).
-pub const MIN_BLOCK_THREADS: u32 = 64;
-
-/// Lanes of the team that takes one row of `row_bytes` in the row kernels: enough that each
-/// lane holds at most 64 bytes of the row, a power of two from 8 to a whole block.
-pub fn team_lanes(row_bytes: u64) -> u32 {
-    let mut lanes = 8;
-    while lanes < BLOCK_THREADS && u64::from(lanes) * 64 < row_bytes {
-        lanes *= 2;
-    }
-    lanes
-}
-
-/// The launch the row kernels (the norms here and softmax) are written for: blocks of one team
-/// or of [`MIN_BLOCK_THREADS`], whichever is larger, one row per team. (They are correct with
-/// any grid, as teams stride over the rows, but only with this block size.)
-pub fn row_launch_dims(ty: ScalarType, rows: usize, cols: usize) -> LaunchDims {
-    let lanes = team_lanes(cols as u64 * u64::from(ty.size()));
-    let block = lanes.max(MIN_BLOCK_THREADS);
-    let rows_per_block = (block / lanes) as usize;
-    LaunchDims::linear(rows.div_ceil(rows_per_block).max(1) as u32, block)
-}
-
-/// [`row_launch_dims`] with the block count a test case sets, if it sets one.
-pub(crate) fn launch_dims(
-    ty: ScalarType,
-    rows: usize,
-    cols: usize,
-    grid: Option<u32>,
-) -> LaunchDims {
-    let mut dims = row_launch_dims(ty, rows, cols);
-    dims.grid[0] = grid.unwrap_or(dims.grid[0]);
-    dims
-}
 
 /// `x · weight / sqrt(mean(x²) + eps)` for one row.
 pub fn rmsnorm(x: &[f64], weight: &[f64], eps: f64) -> Vec<f64> {
@@ -125,8 +83,8 @@ impl NormKind {
 }
 
 /// One shape to test. `scale` is the magnitude of the inputs: the small one makes `eps` matter,
-/// so a kernel that drops or misplaces it fails. `grid` overrides the launch's block count to
-/// test the kernels' grid stride over rows.
+/// so a kernel that drops or misplaces it fails. `grid` overrides the contract's block count
+/// to test the kernels' grid stride over rows.
 #[derive(Debug, Clone, Copy)]
 struct Shape {
     rows: usize,
@@ -252,15 +210,11 @@ fn case(kind: NormKind, ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Cas
         CaseArg::Scalar(ScalarValue::U32(rows as u32)),
         CaseArg::Scalar(ScalarValue::U32(cols as u32)),
     ]);
-    let dims = launch_dims(ty, rows, cols, grid);
     Case {
         kernel: format!("{}_{}", kind.name(), ty.name()),
-        label: format!(
-            "rows={rows} cols={cols} scale={scale} grid={}",
-            dims.grid[0]
-        ),
+        label: format!("rows={rows} cols={cols} scale={scale}{}", grid_label(grid)),
         args,
-        dims,
+        grid,
     }
 }
 
@@ -315,55 +269,6 @@ mod tests {
     }
 
     #[test]
-    fn launch_gives_each_lane_at_most_64_bytes_of_a_row() {
-        assert_eq!(team_lanes(2), 8);
-        assert_eq!(team_lanes(512), 8);
-        assert_eq!(team_lanes(513), 16);
-        assert_eq!(team_lanes(8192), 128);
-        assert_eq!(team_lanes(8193), 256);
-        assert_eq!(
-            team_lanes(1 << 30),
-            256,
-            "a block at most; longer rows go in tiles"
-        );
-        // (element type, rows, cols) -> (blocks, threads a block)
-        for (ty, rows, cols, want, why) in [
-            (
-                ScalarType::Bf16,
-                64,
-                256,
-                (8, 64),
-                "512 bytes: 8 lanes, 8 rows a block of 64",
-            ),
-            (
-                ScalarType::F32,
-                64,
-                1024,
-                (64, 64),
-                "4 KiB: 64 lanes, a block a row",
-            ),
-            (
-                ScalarType::Bf16,
-                64,
-                4096,
-                (64, 128),
-                "8 KiB: 128 lanes, a block a row",
-            ),
-            (
-                ScalarType::Bf16,
-                64,
-                100_000,
-                (64, BLOCK_THREADS),
-                "longer rows: a whole block",
-            ),
-            (ScalarType::F16, 0, 7, (1, 64), "a grid is never empty"),
-        ] {
-            let dims = row_launch_dims(ty, rows, cols);
-            assert_eq!((dims.grid[0], dims.block[0]), want, "{why}");
-        }
-    }
-
-    #[test]
     fn cases_cover_every_symbol_with_consistent_arguments() {
         let cases = cases(&mut StdRng::seed_from_u64(1));
         assert_eq!(cases.len(), 4 * 3 * SHAPES.len());
@@ -377,12 +282,6 @@ mod tests {
                 _ => panic!("{}: no dtype suffix", case.kernel),
             };
             assert_eq!(case.args.len(), want_args, "{}", case.kernel);
-            let threads = case.dims.block[0];
-            assert!(
-                threads.is_power_of_two() && (MIN_BLOCK_THREADS..=BLOCK_THREADS).contains(&threads),
-                "{}: blocks of {threads}",
-                case.label
-            );
         }
         let elements: usize = cases
             .iter()

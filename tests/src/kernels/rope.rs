@@ -7,7 +7,6 @@
 //! the remaining `dim - rot_dim` elements are copied. The kernels write `out` and read `x`.
 
 use hkload::abi::{ScalarType, ScalarValue};
-use hkload::driver::LaunchDims;
 use rand::Rng;
 
 use crate::case::{Case, CaseArg};
@@ -85,12 +84,6 @@ pub fn rope_tables(positions: usize, rot_dim: usize, base: f64) -> (Vec<f64>, Ve
         })
         .unzip()
 }
-
-/// Rows (head vectors) a block of the `rope_*` kernels covers; the grid is
-/// `ceil(rows / ROWS_PER_BLOCK)` blocks of [`BLOCK_THREADS`] threads.
-pub const ROWS_PER_BLOCK: u32 = 32;
-/// Threads in a block of the `rope_*` kernels.
-pub const BLOCK_THREADS: u32 = 256;
 
 /// One tensor shape to test: `batch · heads · seq` head vectors of `dim` elements (for the
 /// `thd` layout `batch` is unused and `seq` counts the tokens).
@@ -212,7 +205,7 @@ fn case(
         RopeLayout::Thd => {
             let positions = token_positions.iter().map(|&p| p as f64).collect();
             args.push(CaseArg::input("positions", ScalarType::I32, positions));
-            args.extend([u32_arg(seq), u32_arg(heads)]);
+            args.extend([u32_arg(table_rows), u32_arg(seq), u32_arg(heads)]);
             format!("tokens={seq} heads={heads} dim={dim} rot_dim={rot_dim}")
         }
     };
@@ -221,7 +214,7 @@ fn case(
         kernel: format!("rope_{}_{}_{}", style.name(), layout.name(), ty.name()),
         label,
         args,
-        dims: LaunchDims::linear((vectors as u32).div_ceil(ROWS_PER_BLOCK), BLOCK_THREADS),
+        grid: None,
     }
 }
 
@@ -297,9 +290,10 @@ mod tests {
                 panic!("{}: out and x come first", case.kernel);
             };
             assert_eq!(*len, data.len(), "{} {}", case.kernel, case.label);
-            // Both layouts take out, x, cos, sin, three shape or position arguments, dim, rot_dim.
-            assert_eq!(case.args.len(), 9, "{}", case.kernel);
-            assert!(case.dims.grid[0] >= 1);
+            // Both layouts take out, x, cos, sin, then bhsd batch, heads, seq and thd
+            // positions, table_rows, tokens, heads, then dim, rot_dim.
+            let want = if case.kernel.contains("_thd_") { 10 } else { 9 };
+            assert_eq!(case.args.len(), want, "{}", case.kernel);
         }
     }
 

@@ -4,14 +4,13 @@
 //! Symbols: `softmax_{bf16,f16,f32}(out, x, rows, cols)`, both tensors row-major
 //! `[rows, cols]`, `out[r, i] = exp(x[r, i]) / Σ_j exp(x[r, j])`.
 //!
-//! Launch: [`super::norm::row_launch_dims`], as for the norms (both walk rows the same way).
+//! Launch: the kernels' contract (`manifests/softmax.toml`).
 
 use hkload::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
-use crate::case::{Case, CaseArg};
+use crate::case::{Case, CaseArg, grid_label};
 use crate::host::{epsilon, round_to};
-use crate::kernels::norm::launch_dims;
 
 /// The softmax of one row, computed after subtracting the row's maximum so that no exp
 /// overflows.
@@ -35,7 +34,7 @@ pub fn tolerance(ty: ScalarType) -> (f64, f64) {
 }
 
 /// One shape: inputs uniform in `[-range, range)`; `masked` sets every third element to −inf
-/// (an attention mask), which must come out as exactly 0. `grid` overrides the launch's block
+/// (an attention mask), which must come out as exactly 0. `grid` overrides the contract's block
 /// count, as for the norms.
 #[derive(Debug, Clone, Copy)]
 struct Shape {
@@ -113,12 +112,11 @@ fn case(ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Case {
         .collect();
     let want: Vec<f64> = x.chunks(cols).flat_map(softmax).collect();
     let (abs, rel) = tolerance(ty);
-    let dims = launch_dims(ty, rows, cols, grid);
     Case {
         kernel: format!("softmax_{}", ty.name()),
         label: format!(
-            "rows={rows} cols={cols} range={range} masked={masked} grid={}",
-            dims.grid[0]
+            "rows={rows} cols={cols} range={range} masked={masked}{}",
+            grid_label(grid)
         ),
         args: vec![
             CaseArg::close("out", ty, want, (abs, rel)),
@@ -126,7 +124,7 @@ fn case(ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Case {
             CaseArg::Scalar(ScalarValue::U32(rows as u32)),
             CaseArg::Scalar(ScalarValue::U32(cols as u32)),
         ],
-        dims,
+        grid,
     }
 }
 

@@ -1,9 +1,9 @@
-//! One test case on a device, shared by the GPU programs: its inputs uploaded and outputs
+//! One test case on a device, shared by the GPU programs and the tests with a simulated device: its inputs uploaded and outputs
 //! poisoned, the launch arguments, the outputs read back, and the verdict of
 //! [`Case::check`] with the worst error seen.
 
-use hk_tests::case::{Case, CaseArg, Expect, Mismatch};
-use hk_tests::host::{POISON_BYTE, decode, encode};
+use crate::case::{Case, CaseArg, Expect, Mismatch};
+use crate::host::{POISON_BYTE, decode, encode};
 use hkload::abi::ScalarValue;
 use hkload::driver::StreamHandle;
 use hkload::{Arg, Device, DeviceBuffer, Kernel};
@@ -86,14 +86,23 @@ pub struct Judged {
     pub worst: Option<f64>,
 }
 
-/// Uploads the case, launches it through hkload's checked launch, waits, reads the outputs
-/// back and judges them. `Err` when hkload or the driver failed.
+/// Uploads the case, calls the kernel with its arguments alone (its contract gives the launch
+/// shape and checks every buffer), waits, reads the outputs back and judges them. `Err` when
+/// hkload or the driver failed.
 pub fn run_case(device: &Device, kernel: &Kernel, case: &Case) -> Result<Judged, hkload::Error> {
     let buffers = CaseBuffers::upload(device, case)?;
-    // SAFETY: every buffer is sized as the case says the kernel reads and writes it (the case
-    // and the kernel share one definition of the shapes), and all of them live until after
-    // the synchronisation below.
-    unsafe { kernel.launch(&case.dims, StreamHandle::DEFAULT, &buffers.args()) }?;
+    let args = buffers.args();
+    match case.grid {
+        None => kernel.call(StreamHandle::DEFAULT, &args)?,
+        Some(blocks) => {
+            let mut dims = kernel.launch_shape(&args)?;
+            dims.grid[0] = blocks;
+            // SAFETY: the contract's own shape with fewer blocks in x, which the case sets only
+            // for kernels whose contract says that their blocks stride over the work, so that
+            // any grid is correct; hkload still checks every extent.
+            unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, &args) }?;
+        }
+    }
     device.synchronize()?;
     let outputs = buffers.outputs()?;
     Ok(Judged {
