@@ -274,6 +274,15 @@ impl<'a> Binder<'a> {
             }
             Node::Cond(c, a, b) => &[*c, *a, *b],
         };
+        let by_zero = match node {
+            Node::Binary(BinaryOp::Div | BinaryOp::Rem, _, b) | Node::CeilDiv(_, b) => {
+                constant(b) == Some(0)
+            }
+            _ => false,
+        };
+        if by_zero {
+            return Err(self.error(None, format!("`{expr}` divides by zero")));
+        }
         if operands.iter().any(|&id| constant(id).is_none()) {
             return Ok(node);
         }
@@ -609,6 +618,8 @@ fn apply(node: Node, mut operand: impl FnMut(NodeId) -> Result<i64, Fault>) -> R
                 BinaryOp::Sub => checked(a.checked_sub(b), a, symbol, b),
                 BinaryOp::Mul => checked(a.checked_mul(b), a, symbol, b),
                 BinaryOp::Div => checked(a.checked_div(b), a, symbol, b),
+                // The remainder of i64::MIN by -1 is 0, though Rust's checked_rem says no.
+                BinaryOp::Rem if b == -1 => Ok(0),
                 BinaryOp::Rem => checked(a.checked_rem(b), a, symbol, b),
                 BinaryOp::Eq => Ok(i64::from(a == b)),
                 BinaryOp::Ne => Ok(i64::from(a != b)),
@@ -664,4 +675,191 @@ pub fn next_pow2(a: i64) -> Option<i64> {
     }
     let p = (a as u64).checked_next_power_of_two()?;
     i64::try_from(p).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::contract::{Binding, Requirement};
+
+    const NAMES: [&str; 3] = ["a", "b", "c"];
+
+    fn signature() -> Vec<Param> {
+        NAMES
+            .iter()
+            .map(|n| format!("{n}: i64").parse().unwrap())
+            .collect()
+    }
+
+    /// A contract whose only `let` is `expr`, so that evaluating the let evaluates it.
+    fn contract(expr: Expr) -> Contract {
+        let one = || Expr::Int(1);
+        Contract {
+            lets: vec![Binding {
+                name: "value".into(),
+                value: expr,
+            }],
+            requires: Vec::<Requirement>::new(),
+            block: [one(), one(), one()],
+            grid: [one(), one(), one()],
+            shared: Expr::Int(0),
+            extents: Vec::new(),
+        }
+    }
+
+    /// The reference: exact arithmetic in i128, refusing any value outside i64 (the checked
+    /// evaluator's only faults), division by zero included.
+    fn reference(expr: &Expr, args: &[i64; 3]) -> Option<i128> {
+        let fit = |v: i128| (i128::from(i64::MIN)..=i128::from(i64::MAX)).contains(&v).then_some(v);
+        let truth = |v: bool| Some(i128::from(v));
+        Some(match expr {
+            Expr::Int(v) => i128::from(*v),
+            Expr::Name(n) => i128::from(args[NAMES.iter().position(|x| x == n)?]),
+            Expr::Neg(e) => fit(-reference(e, args)?)?,
+            Expr::Not(e) => truth(reference(e, args)? == 0)?,
+            Expr::Binary(BinaryOp::And, a, b) => {
+                truth(reference(a, args)? != 0 && reference(b, args)? != 0)?
+            }
+            Expr::Binary(BinaryOp::Or, a, b) => {
+                truth(reference(a, args)? != 0 || reference(b, args)? != 0)?
+            }
+            Expr::Binary(op, a, b) => {
+                let (a, b) = (reference(a, args)?, reference(b, args)?);
+                match op {
+                    BinaryOp::Add => fit(a + b)?,
+                    BinaryOp::Sub => fit(a - b)?,
+                    BinaryOp::Mul => fit(a.checked_mul(b)?)?,
+                    BinaryOp::Div => fit(a.checked_div(b)?)?,
+                    BinaryOp::Rem => fit(a.checked_rem(b)?)?,
+                    BinaryOp::Eq => truth(a == b)?,
+                    BinaryOp::Ne => truth(a != b)?,
+                    BinaryOp::Lt => truth(a < b)?,
+                    BinaryOp::Le => truth(a <= b)?,
+                    BinaryOp::Gt => truth(a > b)?,
+                    BinaryOp::Ge => truth(a >= b)?,
+                    BinaryOp::And | BinaryOp::Or => unreachable!(),
+                }
+            }
+            Expr::Call(f, args_) => {
+                let a = reference(&args_[0], args)?;
+                match f {
+                    Function::Min => a.min(reference(&args_[1], args)?),
+                    Function::Max => a.max(reference(&args_[1], args)?),
+                    Function::CeilDiv => {
+                        let b = reference(&args_[1], args)?;
+                        let q = a.checked_div(b)?;
+                        fit(if a % b != 0 && ((a % b > 0) == (b > 0)) { q + 1 } else { q })?
+                    }
+                    Function::NextPow2 => {
+                        fit(if a <= 1 { 1 } else { (a as u128).next_power_of_two() as i128 })?
+                    }
+                    Function::ElemSize => return None,
+                }
+            }
+            Expr::Cond(c, a, b) => {
+                if reference(c, args)? != 0 {
+                    reference(a, args)?
+                } else {
+                    reference(b, args)?
+                }
+            }
+        })
+    }
+
+    fn value() -> impl Strategy<Value = i64> {
+        prop_oneof![
+            -4i64..=4,
+            Just(i64::MAX),
+            Just(i64::MIN),
+            Just(1 << 32),
+            Just(1 << 62),
+            any::<i64>(),
+        ]
+    }
+
+    /// Integer expressions over `a`, `b`, `c`; conditions inside conditionals, `!`, `&&`, `||`.
+    fn integer() -> impl Strategy<Value = Expr> {
+        let leaf = prop_oneof![
+            value().prop_map(|v| Expr::Int(v.max(0))),
+            proptest::sample::select(&NAMES[..]).prop_map(|n| Expr::Name(n.to_owned())),
+        ];
+        leaf.prop_recursive(5, 48, 3, |inner| {
+            let arithmetic = proptest::sample::select(&[
+                BinaryOp::Add,
+                BinaryOp::Sub,
+                BinaryOp::Mul,
+                BinaryOp::Div,
+                BinaryOp::Rem,
+            ][..]);
+            let comparison = proptest::sample::select(&[
+                BinaryOp::Eq,
+                BinaryOp::Ne,
+                BinaryOp::Lt,
+                BinaryOp::Le,
+                BinaryOp::Gt,
+                BinaryOp::Ge,
+            ][..]);
+            let condition = (comparison, inner.clone(), inner.clone())
+                .prop_map(|(op, a, b)| Expr::Binary(op, Box::new(a), Box::new(b)));
+            let condition = prop_oneof![
+                condition.clone(),
+                condition.clone().prop_map(|c| Expr::Not(Box::new(c))),
+                (condition.clone(), condition.clone(), any::<bool>()).prop_map(|(a, b, and)| {
+                    let op = if and { BinaryOp::And } else { BinaryOp::Or };
+                    Expr::Binary(op, Box::new(a), Box::new(b))
+                }),
+            ];
+            prop_oneof![
+                (arithmetic, inner.clone(), inner.clone())
+                    .prop_map(|(op, a, b)| Expr::Binary(op, Box::new(a), Box::new(b))),
+                inner.clone().prop_map(|e| Expr::Neg(Box::new(e))),
+                (
+                    proptest::sample::select(&[Function::Min, Function::Max, Function::CeilDiv][..]),
+                    inner.clone(),
+                    inner.clone()
+                )
+                    .prop_map(|(f, a, b)| Expr::Call(f, vec![a, b])),
+                inner
+                    .clone()
+                    .prop_map(|a| Expr::Call(Function::NextPow2, vec![a])),
+                (condition, inner.clone(), inner)
+                    .prop_map(|(c, a, b)| Expr::Cond(Box::new(c), Box::new(a), Box::new(b))),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        /// The checked evaluator agrees with exact arithmetic: the same value where it fits in
+        /// 64 bits, an error exactly where some evaluated step does not (or divides by zero).
+        #[test]
+        fn evaluation_matches_exact_arithmetic(expr in integer(), args in [value(), value(), value()]) {
+            let signature = signature();
+            match Program::bind(&contract(expr.clone()), &signature) {
+                Ok(program) => {
+                    let facts = Facts { wave_size: 32, compute_units: 132, max_block_threads: 1024 };
+                    let mut run = program.run(&args, &facts);
+                    let got = run.slot(Slot::Let(0)).ok();
+                    prop_assert_eq!(got.map(i128::from), reference(&expr, &args), "{}", expr);
+                }
+                // Binding folds constant parts and refuses those that fail whatever the
+                // arguments; then some part must fail in exact arithmetic too.
+                Err(error) => {
+                    prop_assert!(error.message.contains("cannot be computed") || error.message.contains("divides by zero"), "{}", error);
+                }
+            }
+        }
+
+        /// Text and the index's binary form both give the tree back.
+        #[test]
+        fn expressions_round_trip_through_text_and_binary(expr in integer()) {
+            let text = expr.to_string();
+            prop_assert_eq!(&text.parse::<Expr>().unwrap(), &expr, "{}", text);
+            let bytes = rmp_serde::to_vec(&expr).unwrap();
+            prop_assert_eq!(rmp_serde::from_slice::<Expr>(&bytes).unwrap(), expr);
+        }
+    }
 }
