@@ -1,9 +1,14 @@
 //! `hkpack inspect`: what a bundle holds, one row per (module, target, kernel), from its
-//! manifest: code size, registers, shared memory (LDS), scratch, spills, wave size.
+//! manifest: code size, registers, shared memory (LDS), scratch, spills, wave size, and each
+//! kernel's launch contract; `--kernel NAME` shows one kernel whole.
+
+use std::fmt;
 
 use serde::Serialize;
 
 use hkload::Bundle;
+use hkload::abi::Param;
+use hkload::contract::Contract;
 use hkload::target::TargetId;
 
 /// One row of the inspection table.
@@ -20,6 +25,8 @@ pub struct Row {
     pub scratch_bytes: u32,
     pub spills: u32,
     pub wave_size: u32,
+    /// The kernel's launch contract (the same on every target), if it has one.
+    pub contract: Option<Contract>,
 }
 
 /// The rows for `bundle`, modules and kernels in manifest order, targets in build order.
@@ -57,6 +64,7 @@ pub fn rows(bundle: &Bundle) -> Result<Vec<Row>, hkload::Error> {
                     scratch_bytes: abi.private_segment_size,
                     spills: abi.spills,
                     wave_size: abi.wavefront_size,
+                    contract: kernel.contract.clone(),
                 });
             }
         }
@@ -119,4 +127,72 @@ pub fn table(rows: &[Row]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// One kernel whole: its signature, its contract, and its rows of the table.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelView {
+    pub symbol: String,
+    pub module: String,
+    pub args: Vec<Param>,
+    pub contract: Option<Contract>,
+    pub targets: Vec<Row>,
+}
+
+/// The kernel `symbol` of `bundle`.
+pub fn kernel(bundle: &Bundle, symbol: &str) -> Result<KernelView, hkload::Error> {
+    let record = bundle.kernel_record(symbol)?;
+    let targets: Vec<Row> = rows(bundle)?
+        .into_iter()
+        .filter(|row| row.kernel == symbol)
+        .map(|row| Row {
+            contract: None,
+            ..row
+        })
+        .collect();
+    Ok(KernelView {
+        symbol: symbol.to_owned(),
+        module: targets.first().map_or_else(String::new, |r| r.module.clone()),
+        args: record.args.clone(),
+        contract: record.contract.clone(),
+        targets,
+    })
+}
+
+impl fmt::Display for KernelView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let args: Vec<String> = self.args.iter().map(Param::to_string).collect();
+        writeln!(f, "kernel {} (module {})", self.symbol, self.module)?;
+        writeln!(f, "  signature: ({})", args.join(", "))?;
+        match &self.contract {
+            None => writeln!(
+                f,
+                "  no launch contract: it launches only with explicit dimensions"
+            )?,
+            Some(contract) => {
+                writeln!(f, "  contract:")?;
+                for binding in &contract.lets {
+                    writeln!(f, "    let {binding}")?;
+                }
+                for requirement in &contract.requires {
+                    writeln!(
+                        f,
+                        "    requires {}  ({})",
+                        requirement.check, requirement.message
+                    )?;
+                }
+                let axes = |e: &[hkload::contract::Expr; 3]| {
+                    e.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                };
+                writeln!(f, "    block [{}]", axes(&contract.block))?;
+                writeln!(f, "    grid [{}]", axes(&contract.grid))?;
+                writeln!(f, "    shared {} bytes", contract.shared)?;
+                for extent in &contract.extents {
+                    writeln!(f, "    {} holds at least {} elements", extent.name, extent.value)?;
+                }
+            }
+        }
+        writeln!(f)?;
+        f.write_str(&table(&self.targets))
+    }
 }

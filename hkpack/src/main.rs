@@ -25,7 +25,10 @@ enum Command {
     Inspect {
         /// The bundle folder (holding bundle.toml).
         bundle: PathBuf,
-        /// Print JSON instead of a table.
+        /// Show one kernel whole: its signature, launch contract and per-target ABI.
+        #[arg(long)]
+        kernel: Option<String>,
+        /// Print JSON instead of a table (with every kernel's launch contract).
         #[arg(long)]
         json: bool,
     },
@@ -108,7 +111,20 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Inspect { bundle, json } => {
+        Command::Inspect {
+            bundle,
+            kernel: Some(symbol),
+            json,
+        } => {
+            let view = inspect::kernel(&Bundle::open(&bundle)?, &symbol)?;
+            emit(&if json { to_json(&view) } else { view.to_string() });
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Inspect {
+            bundle,
+            kernel: None,
+            json,
+        } => {
             let rows = inspect::rows(&Bundle::open(&bundle)?)?;
             emit(&if json {
                 to_json(&rows)
