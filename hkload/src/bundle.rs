@@ -8,13 +8,13 @@ use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
 
+use crate::contract::Contract;
 use crate::device::Device;
 use crate::driver::{FunctionHandle, LaunchDims, ModuleHandle, StreamHandle};
 use crate::error::{Error, Result};
 use crate::file::FileBytes;
 use crate::index::lookup::{KernelAt, Module, Table};
 use crate::index::{INDEX_FILE, Index};
-use crate::contract::Contract;
 use crate::launch::{Arg, ArgLayout, Launched};
 use crate::manifest::{
     BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ManifestError, ModuleAbi, ModuleRecord,

@@ -3,7 +3,7 @@
 //! every buffer's extent and computes the launch shape; and the shape is checked against the
 //! code object's and the device's limits; all before the driver is called.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::abi::{Param, ParamType, ScalarType, ScalarValue};
 use crate::contract::{Contract, EvalError, Facts, MAX_PARAMS, Program, Run};
@@ -122,13 +122,31 @@ pub const MAX_KERNARG_SIZE: u32 = 32 * 1024;
 
 /// Where each declared parameter goes in the packed argument buffer of one kernel on one
 /// target, the kernel's contract, and the limits its launches are checked against.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct ArgLayout {
     params: Vec<(Param, u32)>,
     size: usize,
     limits: Limits,
     contract: Option<(Contract, Program)>,
     facts: Facts,
+    memo: Mutex<Memo>,
+}
+
+/// What the contract said for the last scalar arguments it was evaluated with. It is a pure
+/// function of them (the facts are fixed per kernel), and serving code calls a kernel with the
+/// same shape again and again: a repeated call compares its values and buffer lengths with
+/// these and evaluates nothing (on the H200 machine that took `Kernel::call` from 4.36 to
+/// … µs against raw `cuLaunchKernel`'s 3.80).
+#[derive(Debug, Default)]
+struct Memo {
+    /// Whether the rest holds a successful evaluation.
+    valid: bool,
+    scalars: Vec<i64>,
+    /// The contract's launch shape, if that evaluation computed it (`call` does, `launch`
+    /// with explicit dimensions does not).
+    shape: Option<LaunchDims>,
+    /// Elements each parameter must hold (0 for values).
+    extents: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -238,6 +256,12 @@ impl ArgLayout {
                 compute_units: device.info().compute_units,
                 max_block_threads: abi.max_flat_workgroup_size,
             },
+            memo: Mutex::new(Memo {
+                valid: false,
+                scalars: vec![0; signature.len()],
+                shape: None,
+                extents: vec![0; signature.len()],
+            }),
         })
     }
 
@@ -326,8 +350,7 @@ impl ArgLayout {
                 kernel: kernel.to_owned(),
             })?,
         };
-        if dims.grid.contains(&0) && dims.block.iter().all(|&b| b > 0) && self.contract.is_some()
-        {
+        if dims.grid.contains(&0) && dims.block.iter().all(|&b| b > 0) && self.contract.is_some() {
             return Ok(Launched::Empty(dims));
         }
         self.check_dims(kernel, &dims)?;
@@ -345,6 +368,19 @@ impl ArgLayout {
         dims: Option<&LaunchDims>,
         args: &[Arg<'_>],
     ) -> Result<LaunchDims, LaunchError> {
+        let values = &values[..self.params.len().min(values.len())];
+        if let Ok(memo) = self.memo.try_lock() {
+            let shape = dims.copied().or(memo.shape);
+            let fits = || {
+                args.iter()
+                    .zip(&memo.extents)
+                    .all(|(arg, &needed)| arg.len().is_none_or(|given| given as u64 >= needed))
+            };
+            if let Some(shape) = shape.filter(|_| memo.valid && memo.scalars == values && fits()) {
+                return Ok(shape);
+            }
+            // A miss, or a buffer too short: evaluated below, which explains the refusal.
+        }
         let mut run = program.run(values, &self.facts);
         let fail = |error: EvalError, run: &mut Run<'_>| match error {
             EvalError::Unmet { index } => {
@@ -372,19 +408,21 @@ impl ArgLayout {
         if let Err(error) = run.check_requirements() {
             return Err(fail(error, &mut run));
         }
-        let dims = match dims {
-            Some(dims) => *dims,
+        let shape = match dims {
+            Some(_) => None,
             None => match run.shape() {
-                Ok(shape) => shape.dims,
+                Ok(shape) => Some(shape.dims),
                 Err(error) => return Err(fail(error, &mut run)),
             },
         };
+        let mut extents = [0u64; MAX_PARAMS];
         for (index, ((param, _), arg)) in self.params.iter().zip(args).enumerate() {
             let needed = match run.extent(index, &param.name) {
                 Ok(Some(needed)) => needed,
                 Ok(None) => continue,
                 Err(error) => return Err(fail(error, &mut run)),
             };
+            extents[index] = needed;
             let given = arg.len().unwrap_or(0);
             if (given as u64) < needed {
                 let extent = contract
@@ -398,11 +436,20 @@ impl ArgLayout {
                     param: param.to_string(),
                     needed,
                     given,
-                    extent: format!("{extent} with {}", run.values(&extent_names(contract, &param.name))),
+                    extent: format!(
+                        "{extent} with {}",
+                        run.values(&extent_names(contract, &param.name))
+                    ),
                 });
             }
         }
-        Ok(dims)
+        if let Ok(mut memo) = self.memo.try_lock() {
+            memo.valid = true;
+            memo.scalars.copy_from_slice(values);
+            memo.shape = shape;
+            memo.extents.copy_from_slice(&extents[..values.len()]);
+        }
+        Ok(dims.copied().or(shape).unwrap_or(LaunchDims::linear(0, 0)))
     }
 
     fn check_dims(&self, kernel: &str, dims: &LaunchDims) -> Result<(), LaunchError> {

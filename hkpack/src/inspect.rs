@@ -152,7 +152,9 @@ pub fn kernel(bundle: &Bundle, symbol: &str) -> Result<KernelView, hkload::Error
         .collect();
     Ok(KernelView {
         symbol: symbol.to_owned(),
-        module: targets.first().map_or_else(String::new, |r| r.module.clone()),
+        module: targets
+            .first()
+            .map_or_else(String::new, |r| r.module.clone()),
         args: record.args.clone(),
         contract: record.contract.clone(),
         targets,
@@ -182,13 +184,20 @@ impl fmt::Display for KernelView {
                     )?;
                 }
                 let axes = |e: &[hkload::contract::Expr; 3]| {
-                    e.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                    e.iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 };
                 writeln!(f, "    block [{}]", axes(&contract.block))?;
                 writeln!(f, "    grid [{}]", axes(&contract.grid))?;
                 writeln!(f, "    shared {} bytes", contract.shared)?;
                 for extent in &contract.extents {
-                    writeln!(f, "    {} holds at least {} elements", extent.name, extent.value)?;
+                    writeln!(
+                        f,
+                        "    {} holds at least {} elements",
+                        extent.name, extent.value
+                    )?;
                 }
             }
         }

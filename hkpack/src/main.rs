@@ -117,7 +117,11 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
             json,
         } => {
             let view = inspect::kernel(&Bundle::open(&bundle)?, &symbol)?;
-            emit(&if json { to_json(&view) } else { view.to_string() });
+            emit(&if json {
+                to_json(&view)
+            } else {
+                view.to_string()
+            });
             Ok(ExitCode::SUCCESS)
         }
         Command::Inspect {

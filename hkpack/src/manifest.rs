@@ -350,10 +350,16 @@ impl Module {
             let mut extents = Vec::new();
             for written in &kernel.args {
                 let (param, extent) = contract::param_with_extent(&file, symbol, written)?;
-                if args.iter().any(|p: &hkload::abi::Param| p.name == param.name) {
+                if args
+                    .iter()
+                    .any(|p: &hkload::abi::Param| p.name == param.name)
+                {
                     return Err(file.error(
                         written.span(),
-                        format!("kernel `{symbol}`: two arguments are named `{}`", param.name),
+                        format!(
+                            "kernel `{symbol}`: two arguments are named `{}`",
+                            param.name
+                        ),
                     ));
                 }
                 if let Some(extent) = extent {

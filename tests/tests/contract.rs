@@ -27,15 +27,26 @@ struct Call {
 }
 
 impl Call {
-    fn new(bundle: &Bundle, device: &Device, symbol: &str, values: &[(&str, u64)], len: usize) -> Self {
+    fn new(
+        bundle: &Bundle,
+        device: &Device,
+        symbol: &str,
+        values: &[(&str, u64)],
+        len: usize,
+    ) -> Self {
         let params = bundle.kernel_record(symbol).unwrap().args.clone();
         let mut buffers = Vec::new();
         let mut scalars = Vec::new();
         for param in &params {
             match param.ty {
-                ParamType::Pointer { pointee, .. } => buffers.push(device.alloc(pointee, len).unwrap()),
+                ParamType::Pointer { pointee, .. } => {
+                    buffers.push(device.alloc(pointee, len).unwrap())
+                }
                 ParamType::Scalar(t) => {
-                    let v = values.iter().find(|(n, _)| *n == param.name).map_or(0, |(_, v)| *v);
+                    let v = values
+                        .iter()
+                        .find(|(n, _)| *n == param.name)
+                        .map_or(0, |(_, v)| *v);
                     scalars.push(match t {
                         ScalarType::U32 => ScalarValue::U32(v as u32),
                         ScalarType::U64 => ScalarValue::U64(v),
@@ -66,14 +77,26 @@ impl Call {
     }
 }
 
-fn call(bundle: &Bundle, device: &Device, symbol: &str, values: &[(&str, u64)], len: usize) -> Result<(), Error> {
+fn call(
+    bundle: &Bundle,
+    device: &Device,
+    symbol: &str,
+    values: &[(&str, u64)],
+    len: usize,
+) -> Result<(), Error> {
     let loaded = bundle.load(device).unwrap();
     let kernel = loaded.kernel(symbol).unwrap();
     let call = Call::new(bundle, device, symbol, values, len);
     kernel.call(StreamHandle::DEFAULT, &call.args())
 }
 
-fn shape(bundle: &Bundle, device: &Device, symbol: &str, values: &[(&str, u64)], len: usize) -> LaunchDims {
+fn shape(
+    bundle: &Bundle,
+    device: &Device,
+    symbol: &str,
+    values: &[(&str, u64)],
+    len: usize,
+) -> LaunchDims {
     let loaded = bundle.load(device).unwrap();
     let kernel = loaded.kernel(symbol).unwrap();
     let call = Call::new(bundle, device, symbol, values, len);
@@ -102,12 +125,23 @@ fn every_requirement_is_enforced_on_both_sides_of_its_boundary() {
         assert!(driver.log().len() >= before);
     };
     // top-k: 1 <= k, k <= n, k <= 128.
-    let topk = |k, n| call(&bundle, &device, "topk_f32", &[("rows", 2), ("n", n), ("k", k)], 4096);
+    let topk = |k, n| {
+        call(
+            &bundle,
+            &device,
+            "topk_f32",
+            &[("rows", 2), ("n", n), ("k", k)],
+            4096,
+        )
+    };
     launched(topk(1, 5));
     assert!(unmet(topk(0, 5)).contains("k must be at least 1"));
     launched(topk(5, 5));
     let text = unmet(topk(6, 5));
-    assert!(text.contains("`k <= n` is false with k = 6, n = 5"), "{text}");
+    assert!(
+        text.contains("`k <= n` is false with k = 6, n = 5"),
+        "{text}"
+    );
     launched(topk(128, 2000));
     let text = unmet(topk(200, 1000));
     for part in ["topk_f32", "at most 128", "`k <= 128`", "k = 200"] {
@@ -115,23 +149,56 @@ fn every_requirement_is_enforced_on_both_sides_of_its_boundary() {
     }
     // causal conv1d: width >= 1.
     let conv = |width| {
-        call(&bundle, &device, "causal_conv1d_f32", &[("batch", 1), ("dim", 2), ("seqlen", 9), ("width", width)], 64)
+        call(
+            &bundle,
+            &device,
+            "causal_conv1d_f32",
+            &[("batch", 1), ("dim", 2), ("seqlen", 9), ("width", width)],
+            64,
+        )
     };
     launched(conv(1));
     assert!(unmet(conv(0)).contains("`width >= 1`"));
     // RoPE: rot_dim even and at most dim; at most 2^32 - 1 vectors.
     let rope = |rot_dim, dim| {
-        call(&bundle, &device, "rope_neox_bhsd_f32", &[("batch", 1), ("heads", 2), ("seq", 3), ("dim", dim), ("rot_dim", rot_dim)], 4096)
+        call(
+            &bundle,
+            &device,
+            "rope_neox_bhsd_f32",
+            &[
+                ("batch", 1),
+                ("heads", 2),
+                ("seq", 3),
+                ("dim", dim),
+                ("rot_dim", rot_dim),
+            ],
+            4096,
+        )
     };
     launched(rope(8, 8));
     assert!(unmet(rope(10, 8)).contains("rot_dim must be even and at most dim"));
     launched(rope(6, 8));
     assert!(unmet(rope(7, 8)).contains("rot_dim = 7"));
     let thd = |tokens| {
-        call(&bundle, &device, "rope_gptj_thd_f32", &[("table_rows", 1), ("tokens", tokens), ("heads", 65536), ("dim", 1), ("rot_dim", 0)], 16)
+        call(
+            &bundle,
+            &device,
+            "rope_gptj_thd_f32",
+            &[
+                ("table_rows", 1),
+                ("tokens", tokens),
+                ("heads", 65536),
+                ("dim", 1),
+                ("rot_dim", 0),
+            ],
+            16,
+        )
     };
     // 65535 * 65536 = 2^32 - 65536 vectors: allowed, so the call gets as far as the extents.
-    assert!(matches!(thd(65535), Err(Error::Launch(LaunchError::Extent { .. }))));
+    assert!(matches!(
+        thd(65535),
+        Err(Error::Launch(LaunchError::Extent { .. }))
+    ));
     assert!(unmet(thd(65537)).contains("vectors = 4295032832"));
 }
 
@@ -144,17 +211,36 @@ fn contracts_compute_each_kernels_launch_shape() {
     // The row kernels: a team of lanes per row, each lane at most 64 bytes of it, blocks of
     // one team or 64 threads. (element type's kernel, rows, cols) -> (blocks, threads).
     for (symbol, rows, cols, want) in [
-        ("rmsnorm_bf16", 64, 256, (8, 64)),    // 512 bytes: 8 lanes, 8 rows a block
-        ("rmsnorm_f32", 64, 1024, (64, 64)),   // 4 KiB: 64 lanes, a block a row
+        ("rmsnorm_bf16", 64, 256, (8, 64)), // 512 bytes: 8 lanes, 8 rows a block
+        ("rmsnorm_f32", 64, 1024, (64, 64)), // 4 KiB: 64 lanes, a block a row
         ("rmsnorm_bf16", 64, 4096, (64, 128)), // 8 KiB: 128 lanes
         ("softmax_bf16", 64, 100_000, (64, 256)), // longer rows: a whole block
         ("layernorm_f16", 3, 7, (1, 64)),
     ] {
-        let dims = shape(&bundle, &nvidia, symbol, &[("rows", rows), ("cols", cols)], 1 << 23);
-        assert_eq!((dims.grid[0], dims.block[0]), want, "{symbol} {rows}x{cols}");
+        let dims = shape(
+            &bundle,
+            &nvidia,
+            symbol,
+            &[("rows", rows), ("cols", cols)],
+            1 << 23,
+        );
+        assert_eq!(
+            (dims.grid[0], dims.block[0]),
+            want,
+            "{symbol} {rows}x{cols}"
+        );
     }
     // top-k: short rows one a wave (8 a block of 256 on NVIDIA, 4 on AMD), long ones a block.
-    let topk = |device, n| shape(&bundle, device, "topk_bf16", &[("rows", 64), ("n", n), ("k", 4)], 64 * 1025).grid;
+    let topk = |device, n| {
+        shape(
+            &bundle,
+            device,
+            "topk_bf16",
+            &[("rows", 64), ("n", n), ("k", 4)],
+            64 * 1025,
+        )
+        .grid
+    };
     assert_eq!(topk(&nvidia, 1024), [8, 1, 1]);
     assert_eq!(topk(&amd, 1024), [16, 1, 1]);
     assert_eq!(topk(&nvidia, 1025), [64, 1, 1]);
@@ -165,10 +251,20 @@ fn an_empty_grid_launches_nothing() {
     let (bundle_dir, _) = repo_bundles();
     let bundle = Bundle::open(bundle_dir).unwrap();
     let (driver, device) = simulated("gfx950:sramecc+:xnack-");
-    call(&bundle, &device, "rmsnorm_bf16", &[("rows", 0), ("cols", 4096)], 4096).unwrap();
+    call(
+        &bundle,
+        &device,
+        "rmsnorm_bf16",
+        &[("rows", 0), ("cols", 4096)],
+        4096,
+    )
+    .unwrap();
     call(&bundle, &device, "silu_f32", &[("n", 0)], 0).unwrap();
     assert!(
-        !driver.log().iter().any(|r| matches!(r, Recorded::Launch { .. })),
+        !driver
+            .log()
+            .iter()
+            .any(|r| matches!(r, Recorded::Launch { .. })),
         "nothing to do, nothing launched"
     );
 }
@@ -187,27 +283,75 @@ const ARGS: &str = r#""out: *mut f32 [n]", "x: *const f32 [n]", "a: f32", "n: u3
 fn contract_errors_are_build_errors_at_their_position() {
     let grid = |g: &str| scale_manifest(ARGS, &format!("block = \"256\"\ngrid = \"{g}\"\n"));
     let cases: Vec<(String, Vec<&str>)> = vec![
-        (grid("ceil_div(m, 256)"), vec!["scale.toml:10:18", "unknown name `m`", "can read n, wave_size"]),
-        (grid("n > 256"), vec!["scale.toml:10:9", "grid x", "`n > 256` is a condition where an integer is needed"]),
-        (grid("ceil_div(n, 256"), vec!["scale.toml:10:24", "expected `)`"]),
-        (grid("n $ 2"), vec!["scale.toml:10:11", "unexpected character `$`"]),
-        (grid("9223372036854775807 + 1"), vec!["scale.toml:10:9", "9223372036854775807 + 1 does not fit in 64 bits"]),
-        (grid("n / (2 - 2)"), vec!["scale.toml:10:9", "divides by zero"]),
-        (grid("a * 2"), vec!["scale.toml:10:9", "`a` is a f32 value"]),
         (
-            scale_manifest(ARGS, "block = \"256\"\ngrid = \"n\"\nrequires = [{ check = \"n\", message = \"m\" }]\n"),
-            vec!["scale.toml:11:24", "requirement 1", "`n` is an integer where a condition is needed"],
+            grid("ceil_div(m, 256)"),
+            vec![
+                "scale.toml:10:18",
+                "unknown name `m`",
+                "can read n, wave_size",
+            ],
         ),
         (
-            scale_manifest(r#""out: *mut f32", "x: *const f32 [n]", "a: f32", "n: u32""#, "block = \"1\"\ngrid = \"n\"\n"),
+            grid("n > 256"),
+            vec![
+                "scale.toml:10:9",
+                "grid x",
+                "`n > 256` is a condition where an integer is needed",
+            ],
+        ),
+        (
+            grid("ceil_div(n, 256"),
+            vec!["scale.toml:10:24", "expected `)`"],
+        ),
+        (
+            grid("n $ 2"),
+            vec!["scale.toml:10:11", "unexpected character `$`"],
+        ),
+        (
+            grid("9223372036854775807 + 1"),
+            vec![
+                "scale.toml:10:9",
+                "9223372036854775807 + 1 does not fit in 64 bits",
+            ],
+        ),
+        (
+            grid("n / (2 - 2)"),
+            vec!["scale.toml:10:9", "divides by zero"],
+        ),
+        (grid("a * 2"), vec!["scale.toml:10:9", "`a` is a f32 value"]),
+        (
+            scale_manifest(
+                ARGS,
+                "block = \"256\"\ngrid = \"n\"\nrequires = [{ check = \"n\", message = \"m\" }]\n",
+            ),
+            vec![
+                "scale.toml:11:24",
+                "requirement 1",
+                "`n` is an integer where a condition is needed",
+            ],
+        ),
+        (
+            scale_manifest(
+                r#""out: *mut f32", "x: *const f32 [n]", "a: f32", "n: u32""#,
+                "block = \"1\"\ngrid = \"n\"\n",
+            ),
             vec!["pointer `out` has no extent"],
         ),
         (
-            scale_manifest(r#""out: *mut f32 [n]", "x: *const f32 [n]", "a: f32", "n: u32 [4]""#, "block = \"1\"\ngrid = \"n\"\n"),
-            vec!["scale.toml:7:", "`n` is a value; only pointers have an extent"],
+            scale_manifest(
+                r#""out: *mut f32 [n]", "x: *const f32 [n]", "a: f32", "n: u32 [4]""#,
+                "block = \"1\"\ngrid = \"n\"\n",
+            ),
+            vec![
+                "scale.toml:7:",
+                "`n` is a value; only pointers have an extent",
+            ],
         ),
         (
-            scale_manifest(r#""out: *mut f32 [n + q]", "x: *const f32 [n]", "a: f32", "n: u32""#, "block = \"1\"\ngrid = \"n\"\n"),
+            scale_manifest(
+                r#""out: *mut f32 [n + q]", "x: *const f32 [n]", "a: f32", "n: u32""#,
+                "block = \"1\"\ngrid = \"n\"\n",
+            ),
             vec!["scale.toml:7:29", "the extent of `out`", "unknown name `q`"],
         ),
         (scale_manifest(ARGS, "grid = \"n\"\n"), vec!["no `block`"]),
@@ -220,7 +364,10 @@ fn contract_errors_are_build_errors_at_their_position() {
         let package = TempPackage::new(&["gfx942"], &[("scale", SCALE_SOURCE, &manifest)]);
         let error = hkpack::build(&package.options()).unwrap_err().to_string();
         for part in expected {
-            assert!(error.contains(part), "`{part}` not in:\n{error}\n(manifest:\n{manifest})");
+            assert!(
+                error.contains(part),
+                "`{part}` not in:\n{error}\n(manifest:\n{manifest})"
+            );
         }
     }
 }

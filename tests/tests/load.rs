@@ -8,13 +8,13 @@ use std::sync::Arc;
 use sha2::Digest;
 
 use common::*;
+use hk_tests::device_case::CaseBuffers;
+use hk_tests::kernels::all_cases;
 use hkload::abi::{ParamType, ScalarType, ScalarValue};
 use hkload::driver::{ImageKind, LaunchDims, Recorded, RecordingDriver, StreamHandle};
 use hkload::index::Index;
 use hkload::manifest::{FORMAT_VERSION, ModuleAbi};
 use hkload::target::TargetId;
-use hk_tests::device_case::CaseBuffers;
-use hk_tests::kernels::all_cases;
 use hkload::{Arg, Bundle, Device, Error, LaunchError, OpenOptions};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -157,7 +157,11 @@ fn every_kernel_calls_with_its_contract_and_packs_at_metadata_offsets() {
         for case in &cases {
             let record = bundle.kernel_record(&case.kernel).unwrap();
             let kernel = loaded.kernel(&case.kernel).unwrap();
-            assert!(kernel.contract().is_some(), "{} has no contract", case.kernel);
+            assert!(
+                kernel.contract().is_some(),
+                "{} has no contract",
+                case.kernel
+            );
             let buffers = CaseBuffers::upload(&device, case).unwrap();
             let args = buffers.args();
             let shape = kernel.launch_shape(&args).unwrap();
@@ -173,7 +177,9 @@ fn every_kernel_calls_with_its_contract_and_packs_at_metadata_offsets() {
             };
             assert_eq!((name.as_str(), dims), (case.kernel.as_str(), shape));
             let mut end = 0;
-            for ((param, &offset), arg) in record.args.iter().zip(&kernel.abi().arg_offsets).zip(&args) {
+            for ((param, &offset), arg) in
+                record.args.iter().zip(&kernel.abi().arg_offsets).zip(&args)
+            {
                 let at = offset as usize;
                 let want: Vec<u8> = match arg {
                     Arg::Buffer(b) | Arg::BufferMut(b) => b.ptr().0.to_le_bytes().to_vec(),
@@ -359,7 +365,9 @@ fn assert_extents_enforced(
         };
         let launches_before = driver.log().len();
         let short = device.alloc(pointee, needed - 1).unwrap();
-        let error = kernel.call(StreamHandle::DEFAULT, &with(&short)).unwrap_err();
+        let error = kernel
+            .call(StreamHandle::DEFAULT, &with(&short))
+            .unwrap_err();
         let Error::Launch(LaunchError::Extent {
             kernel: ref name,
             index,
@@ -375,10 +383,19 @@ fn assert_extents_enforced(
             (kernel.name(), i, needed, needed - 1)
         );
         let message = error.to_string();
-        for part in [kernel.name(), param.name.as_str(), &needed.to_string(), &(needed - 1).to_string()] {
+        for part in [
+            kernel.name(),
+            param.name.as_str(),
+            &needed.to_string(),
+            &(needed - 1).to_string(),
+        ] {
             assert!(message.contains(part), "`{message}` does not name {part}");
         }
-        assert_eq!(driver.log().len(), launches_before, "refused before the driver");
+        assert_eq!(
+            driver.log().len(),
+            launches_before,
+            "refused before the driver"
+        );
         let exact = device.alloc(pointee, needed).unwrap();
         kernel.call(StreamHandle::DEFAULT, &with(&exact)).unwrap();
     }

@@ -157,8 +157,16 @@ impl Contract {
             .iter()
             .enumerate()
             .map(|(i, r)| (Place::Requires(i), &r.check));
-        let block = self.block.iter().enumerate().map(|(i, e)| (Place::Block(i), e));
-        let grid = self.grid.iter().enumerate().map(|(i, e)| (Place::Grid(i), e));
+        let block = self
+            .block
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (Place::Block(i), e));
+        let grid = self
+            .grid
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (Place::Grid(i), e));
         let extents = self
             .extents
             .iter()

@@ -41,8 +41,8 @@ enum Token<'a> {
 
 /// Operators and punctuation, longest first so that `<=` is not read as `<`.
 const PUNCTUATION: [&str; 20] = [
-    "==", "!=", "<=", ">=", "&&", "||", "<", ">", "+", "-", "*", "/", "%", "!", "?", ":", "(",
-    ")", ",", "=",
+    "==", "!=", "<=", ">=", "&&", "||", "<", ">", "+", "-", "*", "/", "%", "!", "?", ":", "(", ")",
+    ",", "=",
 ];
 
 fn lex(text: &str) -> Result<Vec<(Token<'_>, usize)>, SyntaxError> {

@@ -133,7 +133,10 @@ impl Program {
                 message,
             };
             let Some(index) = signature.iter().position(|p| p.name == extent.name) else {
-                return Err(error(format!("the kernel has no argument `{}`", extent.name)));
+                return Err(error(format!(
+                    "the kernel has no argument `{}`",
+                    extent.name
+                )));
             };
             if !signature[index].ty.is_pointer() {
                 return Err(error(format!(
@@ -194,7 +197,8 @@ impl Program {
             program: self,
             args,
             facts,
-            lets: [None; MAX_LETS],
+            known: 0,
+            lets: [0; MAX_LETS],
         }
     }
 
@@ -286,12 +290,18 @@ impl<'a> Binder<'a> {
         if operands.iter().any(|&id| constant(id).is_none()) {
             return Ok(node);
         }
-        apply(node, |id| Ok(constant(id).unwrap_or(0)))
+        apply::<Explained>(node, |id| Ok(constant(id).unwrap_or(0)))
             .map(Node::Int)
             .map_err(|fault| self.error(None, format!("`{expr}` cannot be computed: {fault}")))
     }
 
-    fn operand(&mut self, expr: &Expr, want: Ty, context: &Expr, depth: usize) -> Result<NodeId, BindError> {
+    fn operand(
+        &mut self,
+        expr: &Expr,
+        want: Ty,
+        context: &Expr,
+        depth: usize,
+    ) -> Result<NodeId, BindError> {
         let (id, ty) = self.bind(expr, depth + 1)?;
         if ty != want {
             return Err(self.error(
@@ -343,7 +353,13 @@ impl<'a> Binder<'a> {
         Ok((self.push(node), ty))
     }
 
-    fn call(&mut self, function: Function, args: &[Expr], expr: &Expr, depth: usize) -> Result<Node, BindError> {
+    fn call(
+        &mut self,
+        function: Function,
+        args: &[Expr],
+        expr: &Expr,
+        depth: usize,
+    ) -> Result<Node, BindError> {
         if args.len() != function.arity() {
             return Err(self.error(
                 None,
@@ -357,18 +373,24 @@ impl<'a> Binder<'a> {
         }
         if function == Function::ElemSize {
             let pointee = match &args[0] {
-                Expr::Name(name) => self.signature.iter().find(|p| &p.name == name).and_then(|p| match p.ty {
-                    ParamType::Pointer { pointee, .. } => Some(pointee),
-                    ParamType::Scalar(_) => None,
-                }),
+                Expr::Name(name) => self
+                    .signature
+                    .iter()
+                    .find(|p| &p.name == name)
+                    .and_then(|p| match p.ty {
+                        ParamType::Pointer { pointee, .. } => Some(pointee),
+                        ParamType::Scalar(_) => None,
+                    }),
                 _ => None,
             };
-            return pointee.map(|t| Node::Int(i64::from(t.size()))).ok_or_else(|| {
-                self.error(
-                    None,
-                    format!("`{expr}`: `elem_size` takes the name of a pointer argument"),
-                )
-            });
+            return pointee
+                .map(|t| Node::Int(i64::from(t.size())))
+                .ok_or_else(|| {
+                    self.error(
+                        None,
+                        format!("`{expr}`: `elem_size` takes the name of a pointer argument"),
+                    )
+                });
         }
         let mut ids = [0; 2];
         for (slot, arg) in ids.iter_mut().zip(args) {
@@ -419,7 +441,10 @@ impl<'a> Binder<'a> {
         known.extend(Fact::ALL.iter().map(|f| f.name()));
         Err(self.error(
             Some(name),
-            format!("unknown name `{name}`; the contract can read {}", known.join(", ")),
+            format!(
+                "unknown name `{name}`; the contract can read {}",
+                known.join(", ")
+            ),
         ))
     }
 }
@@ -438,10 +463,7 @@ pub enum EvalError {
     /// Requirement `index` is false.
     Unmet { index: usize },
     /// An operation had no 64-bit result: `a op b` overflows, or divides by zero.
-    Arithmetic {
-        place: Place,
-        detail: String,
-    },
+    Arithmetic { place: Place, detail: String },
     /// A size came out negative or too large for the launch (block, grid, shared memory) or
     /// for the address space (extents).
     OutOfRange {
@@ -463,23 +485,40 @@ pub struct Run<'a> {
     program: &'a Program,
     args: &'a [i64],
     facts: &'a Facts,
-    lets: [Option<i64>; MAX_LETS],
+    /// Bit `i` says that `lets[i]` holds the value of `let` `i`.
+    known: u32,
+    lets: [i64; MAX_LETS],
 }
 
-/// An arithmetic fault before its place is known.
-type Fault = String;
+/// How evaluation reports an arithmetic fault: not at all on the way of every call (`Quiet`,
+/// whose error costs nothing to return), and in words once an error is to be reported
+/// (`Explained`, which evaluates the failed expression again).
+trait Faults {
+    type Error;
+    fn fault(explain: impl FnOnce() -> String) -> Self::Error;
+}
+
+struct Quiet;
+
+impl Faults for Quiet {
+    type Error = ();
+    fn fault(_: impl FnOnce() -> String) {}
+}
+
+struct Explained;
+
+impl Faults for Explained {
+    type Error = String;
+    fn fault(explain: impl FnOnce() -> String) -> String {
+        explain()
+    }
+}
 
 impl Run<'_> {
     /// Checks every requirement in order.
     pub fn check_requirements(&mut self) -> Result<(), EvalError> {
         for (index, &root) in self.program.requires.iter().enumerate() {
-            let holds = self
-                .eval(root)
-                .map_err(|detail| EvalError::Arithmetic {
-                    place: Place::Requires(index),
-                    detail,
-                })?;
-            if holds == 0 {
+            if self.value(root, || Place::Requires(index))? == 0 {
                 return Err(EvalError::Unmet { index });
             }
         }
@@ -490,10 +529,10 @@ impl Run<'_> {
     pub fn shape(&mut self) -> Result<Shape, EvalError> {
         let mut dims = LaunchDims::linear(0, 0);
         for axis in 0..3 {
-            dims.block[axis] = self.u32_at(self.program.block[axis], Place::Block(axis))?;
-            dims.grid[axis] = self.u32_at(self.program.grid[axis], Place::Grid(axis))?;
+            dims.block[axis] = self.u32_at(self.program.block[axis], || Place::Block(axis))?;
+            dims.grid[axis] = self.u32_at(self.program.grid[axis], || Place::Grid(axis))?;
         }
-        dims.shared_bytes = self.u32_at(self.program.shared, Place::Shared)?;
+        dims.shared_bytes = self.u32_at(self.program.shared, || Place::Shared)?;
         Ok(Shape { dims })
     }
 
@@ -503,15 +542,14 @@ impl Run<'_> {
             return Ok(None);
         };
         let place = || Place::Extent(name.to_owned());
-        let value = self.eval(root).map_err(|detail| EvalError::Arithmetic {
-            place: place(),
-            detail,
-        })?;
-        u64::try_from(value).map(Some).map_err(|_| EvalError::OutOfRange {
-            place: place(),
-            value,
-            limit: "at least 0",
-        })
+        let value = self.value(root, place)?;
+        u64::try_from(value)
+            .map(Some)
+            .map_err(|_| EvalError::OutOfRange {
+                place: place(),
+                value,
+                limit: "at least 0",
+            })
     }
 
     /// `name = value` for every name in `names` the contract can read, for messages.
@@ -523,9 +561,14 @@ impl Run<'_> {
                 continue;
             }
             shown.push(name);
-            let slot = self.program.names.iter().find(|(n, _)| n == name).map(|(_, s)| *s);
+            let slot = self
+                .program
+                .names
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, s)| *s);
             if let Some(slot) = slot {
-                match self.slot(slot) {
+                match self.slot::<Explained>(slot) {
                     Ok(v) => out.push(format!("{name} = {v}")),
                     Err(fault) => out.push(format!("{name}: {fault}")),
                 }
@@ -534,33 +577,52 @@ impl Run<'_> {
         out.join(", ")
     }
 
-    fn u32_at(&mut self, root: NodeId, place: Place) -> Result<u32, EvalError> {
-        let value = self.eval(root).map_err(|detail| EvalError::Arithmetic {
-            place: place.clone(),
-            detail,
-        })?;
+    /// The value of the expression at `root`; a fault is evaluated again to be explained.
+    fn value(&mut self, root: NodeId, place: impl FnOnce() -> Place) -> Result<i64, EvalError> {
+        match self.eval::<Quiet>(root) {
+            Ok(value) => Ok(value),
+            Err(()) => Err(EvalError::Arithmetic {
+                place: place(),
+                detail: self
+                    .eval::<Explained>(root)
+                    .err()
+                    .unwrap_or_else(|| "the value changed when evaluated again".into()),
+            }),
+        }
+    }
+
+    fn u32_at(&mut self, root: NodeId, place: impl Fn() -> Place) -> Result<u32, EvalError> {
+        let value = self.value(root, &place)?;
         u32::try_from(value).map_err(|_| EvalError::OutOfRange {
-            place,
+            place: place(),
             value,
             limit: "from 0 to 4294967295",
         })
     }
 
-    fn slot(&mut self, slot: Slot) -> Result<i64, Fault> {
+    fn slot<F: Faults>(&mut self, slot: Slot) -> Result<i64, F::Error> {
         Ok(match slot {
             Slot::Arg(i) => self.args.get(usize::from(i)).copied().unwrap_or(0),
             Slot::Let(i) => {
                 let i = usize::from(i);
-                match self.lets.get(i).copied().flatten() {
-                    Some(value) => value,
-                    None => {
-                        let root = self.program.lets[i];
-                        let value = self.eval(root).map_err(|fault| {
-                            format!("{fault} (computing `let {}`)", self.let_name(i))
-                        })?;
-                        self.lets[i] = Some(value);
-                        value
-                    }
+                if self.known & (1 << i) != 0 {
+                    self.lets[i]
+                } else {
+                    let value = match self.eval::<F>(self.program.lets[i]) {
+                        Ok(value) => value,
+                        Err(_) => {
+                            return Err(F::fault(|| {
+                                let detail = self
+                                    .eval::<Explained>(self.program.lets[i])
+                                    .err()
+                                    .unwrap_or_default();
+                                format!("{detail} (computing `let {}`)", self.let_name(i))
+                            }));
+                        }
+                    };
+                    self.lets[i] = value;
+                    self.known |= 1 << i;
+                    value
                 }
             }
             Slot::Fact(Fact::WaveSize) => i64::from(self.facts.wave_size),
@@ -577,35 +639,43 @@ impl Run<'_> {
             .map_or("?", |(n, _)| n.as_str())
     }
 
-    fn eval(&mut self, id: NodeId) -> Result<i64, Fault> {
+    fn eval<F: Faults>(&mut self, id: NodeId) -> Result<i64, F::Error> {
         // Nodes are bound children first, so a child's id is always below its parent's: the
         // recursion is as deep as the expression, which binding bounded.
         match self.program.nodes[id as usize] {
-            Node::Slot(slot) => self.slot(slot),
-            node => apply(node, |child| self.eval(child)),
+            Node::Slot(slot) => self.slot::<F>(slot),
+            node => apply::<F>(node, |child| self.eval::<F>(child)),
         }
     }
 }
 
 /// The value of `node` (anything but a slot), reading each operand through `operand` only when
 /// it decides the result: the conditional evaluates one branch, `&&` and `||` stop early.
-fn apply(node: Node, mut operand: impl FnMut(NodeId) -> Result<i64, Fault>) -> Result<i64, Fault> {
+#[inline]
+fn apply<F: Faults>(
+    node: Node,
+    mut operand: impl FnMut(NodeId) -> Result<i64, F::Error>,
+) -> Result<i64, F::Error> {
     let checked = |result: Option<i64>, a: i64, op: &str, b: i64| {
         result.ok_or_else(|| {
-            if b == 0 && matches!(op, "/" | "%") {
-                format!("{a} {op} {b} divides by zero")
-            } else {
-                format!("{a} {op} {b} does not fit in 64 bits")
-            }
+            F::fault(|| {
+                if b == 0 && matches!(op, "/" | "%") {
+                    format!("{a} {op} {b} divides by zero")
+                } else {
+                    format!("{a} {op} {b} does not fit in 64 bits")
+                }
+            })
         })
     };
     match node {
         Node::Int(v) => Ok(v),
-        Node::Slot(_) => Err("a value is read before the call gives it".to_owned()),
+        Node::Slot(_) => Err(F::fault(|| {
+            "a value is read before the call gives it".into()
+        })),
         Node::Neg(a) => {
             let a = operand(a)?;
             a.checked_neg()
-                .ok_or_else(|| format!("-({a}) does not fit in 64 bits"))
+                .ok_or_else(|| F::fault(|| format!("-({a}) does not fit in 64 bits")))
         }
         Node::Not(a) => Ok(i64::from(operand(a)? == 0)),
         Node::Binary(BinaryOp::And, a, b) => Ok(i64::from(operand(a)? != 0 && operand(b)? != 0)),
@@ -635,16 +705,19 @@ fn apply(node: Node, mut operand: impl FnMut(NodeId) -> Result<i64, Fault>) -> R
         Node::CeilDiv(a, b) => {
             let (a, b) = (operand(a)?, operand(b)?);
             ceil_div(a, b).ok_or_else(|| {
-                if b == 0 {
-                    format!("ceil_div({a}, {b}) divides by zero")
-                } else {
-                    format!("ceil_div({a}, {b}) does not fit in 64 bits")
-                }
+                F::fault(|| {
+                    if b == 0 {
+                        format!("ceil_div({a}, {b}) divides by zero")
+                    } else {
+                        format!("ceil_div({a}, {b}) does not fit in 64 bits")
+                    }
+                })
             })
         }
         Node::NextPow2(a) => {
             let a = operand(a)?;
-            next_pow2(a).ok_or_else(|| format!("next_pow2({a}) does not fit in 64 bits"))
+            next_pow2(a)
+                .ok_or_else(|| F::fault(|| format!("next_pow2({a}) does not fit in 64 bits")))
         }
         Node::Cond(c, a, b) => {
             if operand(c)? != 0 {
@@ -712,7 +785,11 @@ mod tests {
     /// The reference: exact arithmetic in i128, refusing any value outside i64 (the checked
     /// evaluator's only faults), division by zero included.
     fn reference(expr: &Expr, args: &[i64; 3]) -> Option<i128> {
-        let fit = |v: i128| (i128::from(i64::MIN)..=i128::from(i64::MAX)).contains(&v).then_some(v);
+        let fit = |v: i128| {
+            (i128::from(i64::MIN)..=i128::from(i64::MAX))
+                .contains(&v)
+                .then_some(v)
+        };
         let truth = |v: bool| Some(i128::from(v));
         Some(match expr {
             Expr::Int(v) => i128::from(*v),
@@ -750,11 +827,17 @@ mod tests {
                     Function::CeilDiv => {
                         let b = reference(&args_[1], args)?;
                         let q = a.checked_div(b)?;
-                        fit(if a % b != 0 && ((a % b > 0) == (b > 0)) { q + 1 } else { q })?
+                        fit(if a % b != 0 && ((a % b > 0) == (b > 0)) {
+                            q + 1
+                        } else {
+                            q
+                        })?
                     }
-                    Function::NextPow2 => {
-                        fit(if a <= 1 { 1 } else { (a as u128).next_power_of_two() as i128 })?
-                    }
+                    Function::NextPow2 => fit(if a <= 1 {
+                        1
+                    } else {
+                        (a as u128).next_power_of_two() as i128
+                    })?,
                     Function::ElemSize => return None,
                 }
             }
@@ -786,21 +869,25 @@ mod tests {
             proptest::sample::select(&NAMES[..]).prop_map(|n| Expr::Name(n.to_owned())),
         ];
         leaf.prop_recursive(5, 48, 3, |inner| {
-            let arithmetic = proptest::sample::select(&[
-                BinaryOp::Add,
-                BinaryOp::Sub,
-                BinaryOp::Mul,
-                BinaryOp::Div,
-                BinaryOp::Rem,
-            ][..]);
-            let comparison = proptest::sample::select(&[
-                BinaryOp::Eq,
-                BinaryOp::Ne,
-                BinaryOp::Lt,
-                BinaryOp::Le,
-                BinaryOp::Gt,
-                BinaryOp::Ge,
-            ][..]);
+            let arithmetic = proptest::sample::select(
+                &[
+                    BinaryOp::Add,
+                    BinaryOp::Sub,
+                    BinaryOp::Mul,
+                    BinaryOp::Div,
+                    BinaryOp::Rem,
+                ][..],
+            );
+            let comparison = proptest::sample::select(
+                &[
+                    BinaryOp::Eq,
+                    BinaryOp::Ne,
+                    BinaryOp::Lt,
+                    BinaryOp::Le,
+                    BinaryOp::Gt,
+                    BinaryOp::Ge,
+                ][..],
+            );
             let condition = (comparison, inner.clone(), inner.clone())
                 .prop_map(|(op, a, b)| Expr::Binary(op, Box::new(a), Box::new(b)));
             let condition = prop_oneof![
@@ -812,11 +899,16 @@ mod tests {
                 }),
             ];
             prop_oneof![
-                (arithmetic, inner.clone(), inner.clone())
-                    .prop_map(|(op, a, b)| Expr::Binary(op, Box::new(a), Box::new(b))),
+                (arithmetic, inner.clone(), inner.clone()).prop_map(|(op, a, b)| Expr::Binary(
+                    op,
+                    Box::new(a),
+                    Box::new(b)
+                )),
                 inner.clone().prop_map(|e| Expr::Neg(Box::new(e))),
                 (
-                    proptest::sample::select(&[Function::Min, Function::Max, Function::CeilDiv][..]),
+                    proptest::sample::select(
+                        &[Function::Min, Function::Max, Function::CeilDiv][..]
+                    ),
                     inner.clone(),
                     inner.clone()
                 )
@@ -824,8 +916,11 @@ mod tests {
                 inner
                     .clone()
                     .prop_map(|a| Expr::Call(Function::NextPow2, vec![a])),
-                (condition, inner.clone(), inner)
-                    .prop_map(|(c, a, b)| Expr::Cond(Box::new(c), Box::new(a), Box::new(b))),
+                (condition, inner.clone(), inner).prop_map(|(c, a, b)| Expr::Cond(
+                    Box::new(c),
+                    Box::new(a),
+                    Box::new(b)
+                )),
             ]
         })
     }
@@ -842,7 +937,8 @@ mod tests {
                 Ok(program) => {
                     let facts = Facts { wave_size: 32, compute_units: 132, max_block_threads: 1024 };
                     let mut run = program.run(&args, &facts);
-                    let got = run.slot(Slot::Let(0)).ok();
+                    let got = run.slot::<Quiet>(Slot::Let(0)).ok();
+                    prop_assert_eq!(got.is_some(), run.slot::<Explained>(Slot::Let(0)).is_ok());
                     prop_assert_eq!(got.map(i128::from), reference(&expr, &args), "{}", expr);
                 }
                 // Binding folds constant parts and refuses those that fail whatever the

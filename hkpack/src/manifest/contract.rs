@@ -8,7 +8,7 @@
 //! the module's.
 
 use hkload::abi::Param;
-use hkload::contract::{Binding, BindError, Contract, Expr, Place, Requirement};
+use hkload::contract::{BindError, Binding, Contract, Expr, Place, Requirement};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -112,20 +112,25 @@ pub(super) fn kernel_contract(
     // them, to place errors found by binding.
     let mut places: Vec<(Place, Written)> = Vec::new();
     let parse = |written: &Written| -> Result<Expr, ManifestError> {
-        written.text.parse().map_err(|e: hkload::contract::SyntaxError| {
-            let at = written.at + e.offset;
-            file.error(at..at, format!("kernel `{symbol}`: {}", e.message))
-        })
+        written
+            .text
+            .parse()
+            .map_err(|e: hkload::contract::SyntaxError| {
+                let at = written.at + e.offset;
+                file.error(at..at, format!("kernel `{symbol}`: {}", e.message))
+            })
     };
 
     let mut lets = Vec::new();
     for written in layers.iter().flat_map(|l| &l.lets) {
-        let binding: Binding = written.get_ref().parse().map_err(
-            |e: hkload::contract::SyntaxError| {
-                let at = written.span().start + 1 + e.offset;
-                file.error(at..at, format!("kernel `{symbol}`: {}", e.message))
-            },
-        )?;
+        let binding: Binding =
+            written
+                .get_ref()
+                .parse()
+                .map_err(|e: hkload::contract::SyntaxError| {
+                    let at = written.span().start + 1 + e.offset;
+                    file.error(at..at, format!("kernel `{symbol}`: {}", e.message))
+                })?;
         places.push((Place::Let(binding.name.clone()), Written::of(written)));
         lets.push(binding);
     }
@@ -149,8 +154,16 @@ pub(super) fn kernel_contract(
     let last = |pick: fn(&RawContract) -> Option<&Spanned<toml::Value>>| {
         layers.iter().rev().find_map(|l| pick(l))
     };
-    let block = axes(file, symbol, last(|l| l.block.as_ref()).ok_or_else(|| missing("block"))?)?;
-    let grid = axes(file, symbol, last(|l| l.grid.as_ref()).ok_or_else(|| missing("grid"))?)?;
+    let block = axes(
+        file,
+        symbol,
+        last(|l| l.block.as_ref()).ok_or_else(|| missing("block"))?,
+    )?;
+    let grid = axes(
+        file,
+        symbol,
+        last(|l| l.grid.as_ref()).ok_or_else(|| missing("grid"))?,
+    )?;
     let shared = layers
         .iter()
         .rev()
@@ -270,7 +283,10 @@ fn find_word(text: &str, word: &str) -> Option<usize> {
     let is_word = |c: char| c.is_ascii_alphanumeric() || c == '_';
     text.match_indices(word).map(|(i, _)| i).find(|&i| {
         let before = text[..i].chars().next_back().is_none_or(|c| !is_word(c));
-        let after = text[i + word.len()..].chars().next().is_none_or(|c| !is_word(c));
+        let after = text[i + word.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !is_word(c));
         before && after
     })
 }

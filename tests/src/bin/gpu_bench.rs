@@ -895,13 +895,7 @@ fn launch_overhead(setup: &Setup<'_>, images: &Images) -> Result<LaunchOverhead,
             "hkload Kernel::call (contract)",
             LAUNCH_WARMUP,
             LAUNCH_ROUNDS,
-            || {
-                batch(|| {
-                    kernel
-                        .call(StreamHandle::DEFAULT, setup.args)
-                        .map_err(text)
-                })
-            },
+            || batch(|| kernel.call(StreamHandle::DEFAULT, setup.args).map_err(text)),
         ),
         Variant::new(
             "hkload Kernel::launch (checked)",
