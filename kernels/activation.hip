@@ -8,8 +8,8 @@
 //   tanh(x)
 //
 // Symbols: {silu,gelu,gelu_tanh,relu,tanh}_{bf16,f16,f32}(out, x, n).
-// Launch: 256 threads per block, grid = ceil(n / 2048) (one 16-byte vector per thread for
-// 16-bit types). Any grid is correct: threads walk the array with a grid stride.
+// Launch: the contract in manifests/activation.toml. Threads walk the array with a grid
+// stride, one 16-byte vector at a time, so any grid is correct.
 #include "hk/hk.h"
 #include "hk/walk.h"
 

@@ -9,10 +9,9 @@
 // Any width >= 1 (width 0 writes nothing); widths 2, 3 and 4 take an unrolled path with the
 // filter in registers.
 //
-// Launch: 128 threads per block; each thread computes 32 bytes of consecutive outputs (16 for
-// bf16/f16, 8 for f32), so a block covers a tile of 2048 (bf16/f16) or 1024 (f32) time steps
-// of one channel of one sequence: grid = batch * dim * ceil(seqlen / tile). Blocks stride
-// over the tiles, so any grid is correct.
+// Launch: the contract in manifests/causal_conv1d.toml. Each thread computes 32 bytes of
+// consecutive outputs, so a block of kBlock threads covers a tile of kTile<T> time steps of
+// one channel of one sequence; blocks stride over the tiles, so any grid is correct.
 #include "hk/hk.h"
 
 namespace {

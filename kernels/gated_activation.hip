@@ -6,9 +6,8 @@
 //   gelu_and_mul: act = gelu(x) = 0.5 x erfc(-x / sqrt 2)   (erf form)
 //
 // Symbols: {silu,gelu}_and_mul_{bf16,f16,f32}(out, x, rows, cols)
-// Launch: 256 threads per block, grid = ceil(rows * cols / 2048) (one 16-byte vector of out
-// per thread for 16-bit types). Any grid is correct: threads walk the output with a grid
-// stride.
+// Launch: the contract in manifests/gated_activation.toml. Threads walk the output with a
+// grid stride, one 16-byte vector at a time, so any grid is correct.
 #include "hk/hk.h"
 #include "hk/walk.h"
 

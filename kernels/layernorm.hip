@@ -14,7 +14,8 @@
 //
 // Symbols: layernorm_{bf16,f16,f32}(out, x, weight, bias, eps, rows, cols)
 //          fused_add_layernorm_{bf16,f16,f32}(out, residual, x, weight, bias, eps, rows, cols)
-// Launch: the rule of every row kernel, in hk::for_each_row (hk/walk.h), with kBlock = 256.
+// Launch: the contract in manifests/layernorm.toml, the teams of hk::for_each_row (hk/walk.h)
+// with kBlock = 256.
 #include "hk/hk.h"
 #include "hk/residual.h"
 #include "hk/walk.h"

@@ -9,7 +9,8 @@
 //
 // Symbols: rmsnorm_{bf16,f16,f32}(out, x, weight, eps, rows, cols)
 //          fused_add_rmsnorm_{bf16,f16,f32}(out, residual, x, weight, eps, rows, cols)
-// Launch: the rule of every row kernel, in hk::for_each_row (hk/walk.h), with kBlock = 256.
+// Launch: the contract in manifests/rmsnorm.toml, the teams of hk::for_each_row (hk/walk.h)
+// with kBlock = 256.
 #include "hk/hk.h"
 #include "hk/residual.h"
 #include "hk/walk.h"

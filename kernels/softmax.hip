@@ -8,7 +8,8 @@
 // merges them), the second writes the outputs. A row of all -inf gives NaN, as in PyTorch.
 //
 // Symbols: softmax_{bf16,f16,f32}(out, x, rows, cols)
-// Launch: the rule of every row kernel, in hk::for_each_row (hk/walk.h), with kBlock = 256.
+// Launch: the contract in manifests/softmax.toml, the teams of hk::for_each_row (hk/walk.h)
+// with kBlock = 256.
 #include "hk/hk.h"
 #include "hk/walk.h"
 

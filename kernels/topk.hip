@@ -6,11 +6,10 @@
 // NaN ranks above +inf (as in torch.topk) and comes out as a NaN; -0 ranks below +0; equal
 // values come out in any order.
 //
-// Launch: 256 threads per block (other block sizes write nothing). A row of n <= 1024 values
-// is done by one wave, which holds it in registers: grid = ceil(rows / (256 / wave size)), 8
-// rows per block on NVIDIA, 4 on AMD. A longer row is done by one block, streamed from memory
-// once per pass: grid = rows. Rows are strided over the grid, so any grid is correct; a
-// smaller one only costs speed.
+// Launch: the contract in manifests/topk.toml, which also refuses any other k. Blocks are of
+// kBlock threads (other block sizes write nothing). A row of n <= kRowInWave values is done by
+// one wave, which holds it in registers; a longer row by one block, streamed from memory once
+// per pass. Rows are strided over the grid, so any grid is correct.
 //
 // How: a radix select on keys, order-preserving unsigned images of the values. Each pass
 // counts the keys that match the digits found so far into 256 shared-memory bins by their next

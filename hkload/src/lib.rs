@@ -47,16 +47,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! **4. Launch a kernel by name.** [`LoadedBundle::kernel`] finds it; [`Kernel::launch`]
-//! checks the arguments against the declared signature and the code object's metadata
-//! (count, buffer or value, element type, writability, size, device; block size and shared
-//! memory against the kernel's limits), packs them at the offsets the code object gives, and
-//! only then calls the driver. A mismatch is a [`LaunchError`] naming the kernel, the argument
-//! and what was expected.
+//! **4. Call a kernel by name, with its arguments alone.** [`LoadedBundle::kernel`] finds
+//! it; [`Kernel::call`] checks the arguments against the declared signature and the code
+//! object's metadata (count, buffer or value, element type, writability, size, device), then
+//! the kernel's launch contract ([`contract`]: declared in its manifest, it checks the
+//! preconditions, computes the launch shape and proves every buffer long enough), packs the
+//! arguments at the offsets the code object gives, and only then calls the driver. A mismatch
+//! is a [`LaunchError`] naming the kernel, the argument and what was expected.
 //!
 //! ```no_run
 //! use hkload::abi::ScalarType;
-//! use hkload::driver::{LaunchDims, StreamHandle};
+//! use hkload::driver::StreamHandle;
 //! use hkload::Arg;
 //!
 //! # let bundle = hkload::Bundle::open("dist/hk-kernels-0.1.0")?;
@@ -72,15 +73,21 @@
 //! let rmsnorm = kernels.kernel("rmsnorm_bf16")?;
 //! let args = [Arg::from(&mut out), Arg::from(&x), Arg::from(&weight), Arg::from(1e-6f32),
 //!             Arg::from(rows), Arg::from(cols)];
-//! // The launch shape is the kernel's own (its source says): for 4096 bf16 columns a team of
-//! // 128 lanes a row, in blocks of 128 threads, so a block a row.
-//! let dims = LaunchDims::linear(rows, 128);
-//! // SAFETY: the buffers hold `rows * cols` and `cols` elements, as the kernel reads them,
-//! // and outlive the kernel: `synchronize` waits for it.
-//! unsafe { rmsnorm.launch(&dims, StreamHandle::DEFAULT, &args)? };
+//! rmsnorm.call(StreamHandle::DEFAULT, &args)?;
+//! println!("launched as {:?}", rmsnorm.launch_shape(&args)?);
 //! device.synchronize()?;
+//!
+//! // A buffer shorter than the contract's extent never reaches the GPU.
+//! let short = device.alloc(ScalarType::Bf16, n - 1)?;
+//! let error = rmsnorm.call(StreamHandle::DEFAULT, &[Arg::from(&mut out), Arg::from(&short),
+//!     Arg::from(&weight), Arg::from(1e-6f32), Arg::from(rows), Arg::from(cols)]).unwrap_err();
+//! assert!(error.to_string().contains("holds 16383 elements, but the kernel may touch 16384"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! [`Kernel::launch`] takes explicit dimensions instead, for experts (and for bundles older
+//! than launch contracts); it is `unsafe`, as a kernel is correct only for the shapes it is
+//! written for.
 //!
 //! # What this crate does not do
 //!

@@ -290,8 +290,8 @@ HK_DEVICE void walk_rows(unsigned rows, unsigned cols, bool aligned, Body& body)
 // Calls `body(walk, row)` for every row of a [rows, cols] tensor of T, in a one-dimensional
 // grid of blocks of at most kBlock threads: `walk` is the RowWalk of the team that owns the row
 // (the same object for all the rows of a team, so team reductions keep their state). A row of
-// B bytes gets a team of L = team_lanes<kBlock>(B) lanes. Launch: blocks of exactly
-// max(L, kMinBlock) threads, ideally ceil(rows / (block / L)) of them; any grid is correct, but
+// B bytes gets a team of L = team_lanes<kBlock>(B) lanes, and the kernel's launch contract (in
+// its manifest) must give blocks of exactly max(L, kMinBlock) threads; any grid is correct, but
 // teams laid out for one block size cover some rows twice, or none, in blocks of another. (A
 // check of the block size here made ptxas spill softmax on sm_90.) `body` may see a row index
 // past the last row on an idle team: it must only touch memory through the walk's passes.
