@@ -21,7 +21,7 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// An expression as written in a manifest: names are resolved only when the contract is bound
-/// to a kernel's signature (see [`super::Scope`]).
+/// to a kernel's signature (see [`super::Contract::bind`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Expr {
     Int(i64),
