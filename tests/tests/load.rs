@@ -779,3 +779,109 @@ fn a_newer_format_and_a_missing_file_are_clear_errors() {
         "{error}"
     );
 }
+
+/// The repository bundle's index with every kernel's record passed through `edit`, encoded
+/// again (with a correct digest: the digest is no signature, anyone can recompute it).
+fn edited_index(edit: impl Fn(&mut hkload::manifest::KernelRecord)) -> &'static [u8] {
+    let (bundle_dir, _) = repo_bundles();
+    let index = Index::open(
+        std::fs::read(bundle_dir.join("bundle.msgpack")).unwrap(),
+        true,
+    )
+    .unwrap();
+    let mut abis: Vec<ModuleAbi> = (0..index.table().modules().len())
+        .map(|i| index.module_abi(i).unwrap())
+        .collect();
+    abis.iter_mut()
+        .flat_map(|abi| &mut abi.kernels)
+        .for_each(edit);
+    leak(Index::encode(index.manifest().unwrap(), &abis))
+}
+
+/// Argument offsets and sizes are checked against the kernarg segment once, when a kernel is
+/// looked up, so that no launch packs (or allocates) past the size the code object declares.
+#[test]
+fn hand_edited_argument_offsets_are_refused_at_lookup() {
+    let (bundle_dir, _) = repo_bundles();
+    let files = |index| -> Vec<(&'static str, &'static [u8])> {
+        let mut files = vec![("bundle.msgpack", index)];
+        files.push((
+            "topk.hipfb",
+            leak(std::fs::read(bundle_dir.join("topk.hipfb")).unwrap()),
+        ));
+        files
+    };
+    let cases: [(&str, fn(&mut hkload::manifest::KernelAbi), &str); 4] = [
+        (
+            "near 2^32",
+            |abi| abi.arg_offsets[1] = u32::MAX - 7,
+            "ends past the",
+        ),
+        (
+            "overlapping",
+            |abi| abi.arg_offsets[4] = abi.arg_offsets[3],
+            "overlaps the argument before it",
+        ),
+        (
+            "past the segment",
+            |abi| abi.kernarg_size = abi.arg_offsets[5],
+            "ends past the",
+        ),
+        (
+            "a huge segment",
+            |abi| abi.kernarg_size = 1 << 31,
+            "more than the 32768 any target allows",
+        ),
+    ];
+    let (_, device) = simulated("sm_90");
+    for (what, edit, expected) in cases {
+        let index = edited_index(|record| {
+            if record.symbol.starts_with("topk") {
+                record.targets.iter_mut().for_each(edit);
+            }
+        });
+        let bundle = Bundle::from_bytes(&files(index), OpenOptions::default()).unwrap();
+        let loaded = bundle.load(&device).unwrap();
+        let error = loaded.kernel("topk_f32").unwrap_err().to_string();
+        assert!(error.contains(expected), "{what}: {error}");
+        assert!(error.contains("topk_f32"), "{what}: {error}");
+    }
+}
+
+/// A kernel whose record has no contract (as in bundles before format 1.3) cannot be called,
+/// only launched with explicit dimensions.
+#[test]
+fn a_kernel_without_a_contract_launches_only_with_explicit_dims() {
+    let (bundle_dir, _) = repo_bundles();
+    let index = edited_index(|record| record.contract = None);
+    let module = leak(std::fs::read(bundle_dir.join("softmax.hipfb")).unwrap());
+    let bundle = Bundle::from_bytes(
+        &[("bundle.msgpack", index), ("softmax.hipfb", module)],
+        OpenOptions::default(),
+    )
+    .unwrap();
+    let (driver, device) = simulated("gfx942:sramecc+:xnack-");
+    let loaded = bundle.load(&device).unwrap();
+    let kernel = loaded.kernel("softmax_f32").unwrap();
+    assert!(kernel.contract().is_none());
+    let x = device.alloc(ScalarType::F32, 8).unwrap();
+    let mut out = device.alloc(ScalarType::F32, 8).unwrap();
+    let args = [
+        Arg::from(&mut out),
+        Arg::from(&x),
+        Arg::from(2u32),
+        Arg::from(4u32),
+    ];
+    let error = kernel
+        .call(StreamHandle::DEFAULT, &args)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("has no launch contract") && error.contains("Kernel::launch"),
+        "{error}"
+    );
+    let dims = LaunchDims::linear(1, 64);
+    // SAFETY: the recording driver runs nothing.
+    unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, &args) }.unwrap();
+    assert!(matches!(driver.log().last(), Some(Recorded::Launch { .. })));
+}
