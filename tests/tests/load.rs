@@ -811,7 +811,9 @@ fn hand_edited_argument_offsets_are_refused_at_lookup() {
         ));
         files
     };
-    let cases: [(&str, fn(&mut hkload::manifest::KernelAbi), &str); 4] = [
+    /// A damage done to each target's ABI of the kernel.
+    type Edit = fn(&mut hkload::manifest::KernelAbi);
+    let cases: [(&str, Edit, &str); 4] = [
         (
             "near 2^32",
             |abi| abi.arg_offsets[1] = u32::MAX - 7,
