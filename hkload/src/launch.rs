@@ -411,7 +411,7 @@ impl ArgLayout {
         let shape = match dims {
             Some(_) => None,
             None => match run.shape() {
-                Ok(shape) => Some(shape.dims),
+                Ok(shape) => Some(shape),
                 Err(error) => return Err(fail(error, &mut run)),
             },
         };

@@ -40,7 +40,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::abi::{Param, ParamType};
 pub use expr::{BinaryOp, Expr, Function};
 pub use parse::{MAX_DEPTH, SyntaxError};
-pub use program::{EvalError, Facts, MAX_LETS, MAX_PARAMS, Program, Run, Shape};
+pub use program::{EvalError, Facts, MAX_LETS, MAX_PARAMS, Program, Run};
 
 /// A kernel's launch contract as declared (see the [module docs](self)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,43 +144,6 @@ impl Contract {
     /// evaluates: every name resolved, every type checked, each pointer's extent in its slot.
     pub fn bind(&self, signature: &[Param]) -> Result<Program, BindError> {
         Program::bind(self, signature)
-    }
-
-    /// Every expression of the contract with its place, in the order they are written.
-    pub fn expressions(&self) -> impl Iterator<Item = (Place, &Expr)> {
-        let lets = self
-            .lets
-            .iter()
-            .map(|b| (Place::Let(b.name.clone()), &b.value));
-        let requires = self
-            .requires
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (Place::Requires(i), &r.check));
-        let block = self
-            .block
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (Place::Block(i), e));
-        let grid = self
-            .grid
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (Place::Grid(i), e));
-        let extents = self
-            .extents
-            .iter()
-            .map(|b| (Place::Extent(b.name.clone()), &b.value));
-        lets.chain(requires)
-            .chain(block)
-            .chain(grid)
-            .chain(std::iter::once((Place::Shared, &self.shared)))
-            .chain(extents)
-    }
-
-    /// The pointer arguments of `signature`, in order, which each need an extent.
-    pub fn pointers(signature: &[Param]) -> impl Iterator<Item = &Param> {
-        signature.iter().filter(|p| p.ty.is_pointer())
     }
 }
 

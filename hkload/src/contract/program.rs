@@ -201,11 +201,6 @@ impl Program {
             lets: [0; MAX_LETS],
         }
     }
-
-    /// The number of `requires` clauses.
-    pub fn requirement_count(&self) -> usize {
-        self.requires.len()
-    }
 }
 
 /// The integer type of a parameter a contract may read, if it is one.
@@ -473,12 +468,6 @@ pub enum EvalError {
     },
 }
 
-/// The launch shape a contract computes for one call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shape {
-    pub dims: LaunchDims,
-}
-
 /// One evaluation of a contract: the call's argument values, the device's facts, and the `let`
 /// values computed so far (each once, when first read).
 pub struct Run<'a> {
@@ -526,14 +515,14 @@ impl Run<'_> {
     }
 
     /// The launch shape: block, grid and shared memory, each fitting in 32 bits.
-    pub fn shape(&mut self) -> Result<Shape, EvalError> {
+    pub fn shape(&mut self) -> Result<LaunchDims, EvalError> {
         let mut dims = LaunchDims::linear(0, 0);
         for axis in 0..3 {
             dims.block[axis] = self.u32_at(self.program.block[axis], || Place::Block(axis))?;
             dims.grid[axis] = self.u32_at(self.program.grid[axis], || Place::Grid(axis))?;
         }
         dims.shared_bytes = self.u32_at(self.program.shared, || Place::Shared)?;
-        Ok(Shape { dims })
+        Ok(dims)
     }
 
     /// The elements parameter `index` must hold, if it is a pointer.
