@@ -30,7 +30,13 @@ fn package(root: &Path) {
     std::fs::create_dir_all(root.join("manifests")).unwrap();
     std::fs::create_dir_all(root.join("kernels")).unwrap();
     std::fs::write(root.join("manifests/package.toml"), PACKAGE).unwrap();
-    std::fs::write(root.join("manifests/scale.toml"), MODULE).unwrap();
+    // The test kernel with a launch contract: a thread an element.
+    let module = MODULE
+        .replace("\"out: *mut f32\"", "\"out: *mut f32 [n]\"")
+        .replace("\"x: *const f32\"", "\"x: *const f32 [n]\"")
+        + "[kernel.contract]\nblock = \"64\"\ngrid = \"ceil_div(n, 64)\"\n\
+           requires = [{ check = \"n >= 1\", message = \"nothing to scale\" }]\n";
+    std::fs::write(root.join("manifests/scale.toml"), module).unwrap();
     std::fs::write(root.join("kernels/scale.hip"), SOURCE).unwrap();
 }
 
@@ -69,6 +75,34 @@ fn build_inspect_and_explain_from_the_command_line() {
         json.trim_start().starts_with('[') && json.contains("\"kernel\": \"scale\""),
         "{json}"
     );
+
+    assert!(
+        json.contains("\"ceil_div(n, 64)\""),
+        "every row carries its contract:\n{json}"
+    );
+
+    let one = hkpack(
+        root.path(),
+        &["inspect", "dist/cli-1.2.3", "--kernel", "scale"],
+    );
+    assert!(one.status.success(), "{}", text(&one.stderr));
+    let one = text(&one.stdout);
+    for part in [
+        "kernel scale (module scale)",
+        "signature: (out: *mut f32, x: *const f32, a: f32, n: u32)",
+        "requires n >= 1  (nothing to scale)",
+        "grid [ceil_div(n, 64), 1, 1]",
+        "out holds at least n elements",
+        "sm_90",
+    ] {
+        assert!(one.contains(part), "`{part}` not in:\n{one}");
+    }
+    let missing = hkpack(
+        root.path(),
+        &["inspect", "dist/cli-1.2.3", "--kernel", "scal"],
+    );
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(text(&missing.stderr).contains("no kernel `scal`; it has scale"));
 
     let explain = hkpack(
         root.path(),
