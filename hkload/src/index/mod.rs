@@ -162,7 +162,13 @@ impl Index {
         slot.get_or_init(|| {
             // Looked up only to decode: a record already decoded needs nothing from the table.
             let (symbol, range) = self.table.kernel(row).ok_or_else(no_row)?;
-            let record: KernelRecord = rmp_serde::from_slice(&self.bytes[range]).map_err(syntax)?;
+            // The table's check put the range inside the records; `get` keeps a slip here an
+            // error rather than a panic.
+            let bytes = self
+                .bytes
+                .get(range)
+                .ok_or_else(|| lookup::damaged("a kernel's record lies outside the file"))?;
+            let record: KernelRecord = rmp_serde::from_slice(bytes).map_err(syntax)?;
             if record.symbol != symbol {
                 return Err(ManifestError::Invalid(format!(
                     "the index holds kernel `{}` where its lookup table lists `{symbol}`",
