@@ -84,7 +84,7 @@ struct EntryRow {
 #[repr(C)]
 struct KernelRow {
     symbol: Span,
-    /// The kernel's record in the index file; empty in a table built from TOML files.
+    /// The kernel's record in the index file.
     record: Span,
 }
 
@@ -262,9 +262,8 @@ impl Table {
         Ok(table)
     }
 
-    /// The table for a bundle read from its TOML files (no `records`) or from an index older
-    /// than the table (its kernels' `records`, which lie within `index`), built from its
-    /// manifest.
+    /// The table for an index older than the table, built from its manifest and its kernels'
+    /// `records`, which lie within `index`.
     pub fn build(
         manifest: &BundleManifest,
         records: &[Range<usize>],
