@@ -311,6 +311,29 @@ fn manifest_errors_name_the_file_and_line() {
 }
 
 #[test]
+fn two_modules_of_one_name_are_refused_and_leave_the_bundle_alone() {
+    // Both modules' files were written under one name: one overwrote the other, the build
+    // exited 0, and dist/ held a bundle that no longer matched its index.
+    let package = TempPackage::new(&["gfx942"], &[("scale", SCALE_SOURCE, SCALE_MANIFEST)]);
+    let report = build_ok(&package.options());
+    let before = snapshot(&report.bundle);
+    let twin = OFFSET_MANIFEST.replace("name = \"offset\"", "name = \"scale\"");
+    std::fs::write(package.manifests().join("twin.toml"), twin).unwrap();
+    std::fs::write(package.path("kernels/offset.hip"), OFFSET_SOURCE).unwrap();
+    let error = hkpack::build(&package.options()).unwrap_err().to_string();
+    assert_contains(
+        &error,
+        &[
+            "twin.toml:3:8",
+            "module `scale` is also named by",
+            "scale.toml",
+            "module names must be unique",
+        ],
+    );
+    assert_eq!(snapshot(&report.bundle), before);
+}
+
+#[test]
 fn package_errors_name_the_file_and_line() {
     let package = TempPackage::new(
         &["gfx942", "sm_75x"],
