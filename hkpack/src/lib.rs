@@ -12,6 +12,7 @@ pub mod job;
 pub mod manifest;
 pub mod package;
 pub mod signature;
+pub mod staging;
 pub mod toolchain;
 
 pub use build::{BuildOptions, BuildReport, build};

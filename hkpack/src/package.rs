@@ -1,7 +1,8 @@
 //! Writing a bundle folder: one clang offload bundle per module (plain by default, or
 //! CCOB-compressed), one ABI file per module, `bundle.toml`, and the index that holds the same
 //! records for hkload to read fast (`bundle.msgpack`), assembled in a staging folder beside the
-//! destination and moved into place whole, so `dist/` never holds a half-written bundle.
+//! destination and moved into place whole, so `dist/` never holds a half-written bundle (and
+//! what a killed build left beside it is removed by the next: see [`crate::staging`]).
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +18,7 @@ use hkload::target::{EntryId, TargetId};
 
 use crate::cache::{Cache, CacheError};
 use crate::manifest::{Module, Package};
+use crate::staging::{Aside, RETIRED, STAGING, clean_leftovers};
 
 /// zstd level for module files: bundles are built once and loaded many times, so spend the
 /// build time on a smaller file (level 19 stays in milliseconds for code objects).
@@ -76,10 +78,8 @@ pub fn write(
     cache: &Cache,
 ) -> Result<(PathBuf, u64), PackageError> {
     std::fs::create_dir_all(out).map_err(io_error(out))?;
-    let staging = tempfile::Builder::new()
-        .prefix(".staging-")
-        .tempdir_in(out)
-        .map_err(io_error(out))?;
+    clean_leftovers(out);
+    let staging = Aside::create(out, STAGING).map_err(io_error(out))?;
 
     let mut manifest = BundleManifest {
         format_version: FORMAT_VERSION,
@@ -226,25 +226,20 @@ fn holds_exactly(dir: &Path, files: &[(String, Vec<u8>)]) -> bool {
 /// Moves the finished `staging` folder to `dest`, replacing what was there. Each step is a
 /// rename, so `dest` is at every moment either the old bundle whole, absent, or the new one
 /// whole.
-fn replace_dir(staging: tempfile::TempDir, dest: &Path) -> Result<(), PackageError> {
+fn replace_dir(staging: Aside, dest: &Path) -> Result<(), PackageError> {
     let parent = dest.parent().unwrap_or(Path::new("."));
-    let retired = tempfile::Builder::new()
-        .prefix(".retired-")
-        .tempdir_in(parent)
-        .map_err(io_error(parent))?;
+    let retired = Aside::create(parent, RETIRED).map_err(io_error(parent))?;
     let old = retired.path().join("bundle");
     let had_old = match std::fs::rename(dest, &old) {
         Ok(()) => true,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
         Err(e) => return Err(io_error(dest)(e)),
     };
-    let staged = staging.keep();
-    if let Err(e) = std::fs::rename(&staged, dest) {
+    if let Err(e) = std::fs::rename(staging.path(), dest) {
         // Put the old bundle back rather than leave nothing.
         if had_old {
             let _ = std::fs::rename(&old, dest);
         }
-        let _ = std::fs::remove_dir_all(&staged);
         return Err(io_error(dest)(e));
     }
     Ok(())

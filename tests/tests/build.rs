@@ -334,6 +334,42 @@ fn two_modules_of_one_name_are_refused_and_leave_the_bundle_alone() {
 }
 
 #[test]
+fn a_build_removes_what_killed_builds_left_and_nothing_a_running_one_holds() {
+    let package = TempPackage::new(&["gfx942"], &[("scale", SCALE_SOURCE, SCALE_MANIFEST)]);
+    let dist = package.path("dist");
+    std::fs::create_dir_all(&dist).unwrap();
+    // What killed builds leave: folders whose lock files nobody holds, a lock file whose
+    // folder was already removed, and a folder from before lock files.
+    for name in [".staging-killed", ".retired-killed"] {
+        std::fs::create_dir_all(dist.join(name).join("bundle")).unwrap();
+        std::fs::write(dist.join(format!("{name}.lock")), "").unwrap();
+    }
+    std::fs::write(dist.join(".staging-halfway.lock"), "").unwrap();
+    std::fs::create_dir(dist.join(".retired-old")).unwrap();
+    // A build running beside this one holds its lock.
+    std::fs::create_dir(dist.join(".staging-running")).unwrap();
+    let running = std::fs::File::create(dist.join(".staging-running.lock")).unwrap();
+    running.lock().unwrap();
+
+    build_ok(&package.options());
+    let mut left: Vec<String> = std::fs::read_dir(&dist)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [".staging-running", ".staging-running.lock", "mini-0.1.0"]
+    );
+
+    // Once that build is gone too, the next build removes its folder.
+    drop(running);
+    build_ok(&package.options());
+    let left: Vec<_> = std::fs::read_dir(&dist).unwrap().collect();
+    assert_eq!(left.len(), 1);
+}
+
+#[test]
 fn package_errors_name_the_file_and_line() {
     let package = TempPackage::new(
         &["gfx942", "sm_75x"],
