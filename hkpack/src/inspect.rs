@@ -1,9 +1,14 @@
 //! `hkpack inspect`: what a bundle holds, one row per (module, target, kernel), from its
-//! manifest: code size, registers, shared memory (LDS), scratch, spills, wave size.
+//! manifest: code size, registers, shared memory (LDS), scratch, spills, wave size; and the
+//! check of its module files that `inspect` and `explain` make, since what they print is
+//! about those files but comes from the index alone.
+
+use std::path::Path;
 
 use serde::Serialize;
 
 use hkload::Bundle;
+use hkload::manifest::Sha256Digest;
 use hkload::target::TargetId;
 
 /// One row of the inspection table.
@@ -119,4 +124,31 @@ pub fn table(rows: &[Row]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// What is wrong with the module files of `bundle` (the folder `dir`), one sentence per
+/// damaged file: each must have the size and SHA-256 the manifest records for it. Empty when
+/// every file is intact.
+pub fn damaged_module_files(bundle: &Bundle, dir: &Path) -> Result<Vec<String>, hkload::Error> {
+    let mut damaged = Vec::new();
+    for module in &bundle.manifest()?.modules {
+        let path = dir.join(&module.file);
+        let problem = match std::fs::read(&path) {
+            Err(e) => Some(format!("cannot be read: {e}")),
+            Ok(bytes) if bytes.len() as u64 != module.size => Some(format!(
+                "is {} bytes, the manifest says {}",
+                bytes.len(),
+                module.size
+            )),
+            Ok(bytes) => {
+                let found = Sha256Digest::of(&bytes);
+                (found != module.sha256)
+                    .then(|| format!("has SHA-256 {found}, the manifest says {}", module.sha256))
+            }
+        };
+        if let Some(problem) = problem {
+            damaged.push(format!("module file {} {problem}", path.display()));
+        }
+    }
+    Ok(damaged)
 }
