@@ -14,7 +14,8 @@ use hkload::manifest::{
     Toolchain as ToolchainRecord,
 };
 use hkload::offload;
-use hkload::target::{EntryId, TargetId};
+use hkload::select::choose;
+use hkload::target::{EntryId, SmArch, TargetId};
 
 use crate::cache::{Cache, CacheError};
 use crate::manifest::{Module, Package};
@@ -182,14 +183,41 @@ fn kernel_records(module: &Module, code: &[TargetCode]) -> Vec<KernelRecord> {
 }
 
 /// The code images of a module in the order they go into its bundle: native code (AMD code
-/// objects and cubins) in target order first, then PTX. A device's native entry then sits
-/// early in the bundle, and loading it decompresses nothing past it.
+/// objects and cubins) in target order first, then the PTX some device would run. A device's
+/// native entry then sits early in the bundle, and loading it decompresses nothing past it.
 fn bundle_order(code: &[TargetCode]) -> impl Iterator<Item = &(EntryId, Vec<u8>)> {
     let images = || code.iter().flat_map(|t| &t.images);
     let is_ptx = |(id, _): &&(EntryId, Vec<u8>)| matches!(id, EntryId::Ptx(_));
-    images()
-        .filter(move |image| !is_ptx(image))
-        .chain(images().filter(is_ptx))
+    let ids: Vec<EntryId> = images().map(|(id, _)| *id).collect();
+    images().filter(move |image| !is_ptx(image)).chain(
+        images()
+            .filter(move |(id, _)| matches!(id, EntryId::Ptx(arch) if ptx_is_chosen(*arch, &ids))),
+    )
+}
+
+/// Whether some NVIDIA device would choose the PTX for `arch` among `entries`. It is dead
+/// weight where cubins and newer PTX serve every device it could: with cubins for sm_80 and
+/// sm_90 and PTX for both, sm_8x devices take the sm_80 cubin and newer ones the compute_90
+/// PTX, so the compute_80 PTX (a third of a module file) would never load.
+///
+/// The devices tried are every architecture from `arch`'s major version to one past the
+/// newest in `entries`: the choice compares a device only with the entries' versions, so any
+/// newer device chooses as the first of the next major does.
+fn ptx_is_chosen(arch: SmArch, entries: &[EntryId]) -> bool {
+    let newest = entries
+        .iter()
+        .filter_map(|id| match id {
+            EntryId::Cubin(arch) | EntryId::Ptx(arch) => Some(arch.major()),
+            EntryId::AmdCodeObject(_) => None,
+        })
+        .max()
+        .unwrap_or(arch.major());
+    let this = EntryId::Ptx(arch);
+    (arch.major()..=newest + 1)
+        .flat_map(|major| (0..=9).filter_map(move |minor| SmArch::new(major, minor).ok()))
+        .any(|device| {
+            choose(&TargetId::Nvidia(device), entries).is_some_and(|(i, _)| entries[i] == this)
+        })
 }
 
 /// What the bundle records of a kernel's code for `target`: the code object's facts, with

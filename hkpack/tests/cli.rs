@@ -143,6 +143,20 @@ fn without_ptxas_nvidia_targets_ship_ptx_and_the_summary_says_so() {
     let manifest = std::fs::read_to_string(root.path().join("dist/cli-1.2.3/bundle.toml")).unwrap();
     assert!(manifest.contains("cuda-nvptx64-nvidia-cuda-compute_90"));
     assert!(!manifest.contains("cuda-nvptx64-nvidia-cuda-sm_90\""));
+
+    // Without cubins every PTX is some GPU's only code: sm_8x run compute_80's.
+    let build = Command::new(env!("CARGO_BIN_EXE_hkpack"))
+        .current_dir(root.path())
+        .args(["build", "--arch", "sm_80,sm_90"])
+        .env("PATH", &empty)
+        .env_remove("HKPACK_PTXAS")
+        .env_remove("CUDA_HOME")
+        .output()
+        .unwrap();
+    assert!(build.status.success(), "{}", text(&build.stderr));
+    let manifest = std::fs::read_to_string(root.path().join("dist/cli-1.2.3/bundle.toml")).unwrap();
+    assert!(manifest.contains("cuda-nvptx64-nvidia-cuda-compute_80"));
+    assert!(manifest.contains("cuda-nvptx64-nvidia-cuda-compute_90"));
 }
 
 /// Writes an executable shell script `name` into `dir`.

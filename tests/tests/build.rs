@@ -12,7 +12,8 @@ use common::*;
 use hkload::Bundle;
 use hkload::index::{INDEX_FILE, Index};
 use hkload::manifest::{BundleManifest, MANIFEST_FILE, ModuleAbi};
-use hkload::target::EntryId;
+use hkload::select::choose;
+use hkload::target::{EntryId, TargetId};
 use hkpack::toolchain::ToolPaths;
 use sha2::{Digest, Sha256};
 
@@ -20,6 +21,19 @@ fn manifest(bundle: &Path) -> BundleManifest {
     BundleManifest::from_toml(&std::fs::read_to_string(bundle.join(MANIFEST_FILE)).unwrap())
         .unwrap()
 }
+
+/// Real GPUs of both vendors, as their runtimes report them.
+const GPUS: [&str; 9] = [
+    "gfx90a:sramecc+:xnack-",
+    "gfx942:sramecc+:xnack-",
+    "gfx950:sramecc+:xnack-",
+    "sm_80",
+    "sm_86",
+    "sm_89",
+    "sm_90",
+    "sm_100",
+    "sm_120",
+];
 
 #[test]
 fn every_module_has_every_default_target() {
@@ -32,7 +46,6 @@ fn every_module_has_every_default_target() {
             "hipv4-amdgcn-amd-amdhsa--gfx942",
             "hipv4-amdgcn-amd-amdhsa--gfx950",
             "cuda-nvptx64-nvidia-cuda-sm_80",
-            "cuda-nvptx64-nvidia-cuda-compute_80",
             "cuda-nvptx64-nvidia-cuda-sm_90",
             "cuda-nvptx64-nvidia-cuda-compute_90",
         ]
@@ -41,6 +54,16 @@ fn every_module_has_every_default_target() {
         for module in &manifest.modules {
             let ids: BTreeSet<String> = module.entries.iter().map(|e| e.id.to_string()).collect();
             assert_eq!(ids, expected, "module {}", module.name);
+            // Every entry is one some GPU runs: the compute_80 PTX, which none chose (sm_8x
+            // take the sm_80 cubin, newer GPUs the compute_90 PTX), no longer ships.
+            let entries: Vec<EntryId> = module.entries.iter().map(|e| e.id).collect();
+            for entry in &entries {
+                let chosen = GPUS.iter().any(|gpu| {
+                    choose(&gpu.parse::<TargetId>().unwrap(), &entries)
+                        .is_some_and(|(i, _)| entries[i] == *entry)
+                });
+                assert!(chosen, "no GPU runs {entry} of module {}", module.name);
+            }
         }
         // Every kernel has its ABI for every target, with no spills or scratch anywhere.
         for kernel in Bundle::open(bundle).unwrap().kernel_records().unwrap() {
