@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use crate::job::parse_depfile;
 
 /// Bumped whenever the layout or the key's ingredients change, so old entries are not reused.
-const CACHE_VERSION: &str = "hkpack-cache-1";
+const CACHE_VERSION: &str = "hkpack-cache-2";
 
 /// A cache folder, shared safely between threads and processes.
 #[derive(Debug)]

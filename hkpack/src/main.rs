@@ -103,6 +103,9 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
                 progress: !args.quiet,
             };
             let report = hkpack::build(&options)?;
+            for warning in &report.warnings {
+                eprintln!("warning: {warning}");
+            }
             if !args.quiet {
                 emit(&format!("{report}\n"));
             }

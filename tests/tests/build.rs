@@ -498,6 +498,89 @@ fn signature_mismatches_fail_naming_kernel_target_and_argument() {
     );
 }
 
+/// A kernel whose parameters the layout alone cannot tell apart from others of their size.
+const TYPED_SOURCE: &str = r#"
+#include "mini.h"
+KERNEL void typed(__bf16* out, const float* x, unsigned long n, int k) {
+    unsigned i = THREAD_X();
+    if (i < n) out[i] = (__bf16)(x[i] * k);
+}
+"#;
+
+const TYPED_MANIFEST: &str = r#"
+[module]
+name = "typed"
+source = "../kernels/typed.hip"
+
+[[kernel]]
+symbol = "typed"
+args = ["out: *mut bf16", "x: *const f32", "n: u64", "k: i32"]
+"#;
+
+#[test]
+fn exact_types_and_constness_are_checked_against_the_source() {
+    // Each built before: the compiled layout has the same sizes and kinds.
+    let cases: [(&str, &str, &str); 5] = [
+        (
+            "\"n: u64\"",
+            "\"n: f64\"",
+            "argument 2 `n: f64` is declared `f64` but the kernel's parameter is `unsigned long` (`u64`)",
+        ),
+        (
+            "\"out: *mut bf16\"",
+            "\"out: *mut f32\"",
+            "argument 0 `out: *mut f32` is declared `*mut f32` but the kernel's parameter is `__bf16 *` (`*mut bf16`)",
+        ),
+        (
+            "\"k: i32\"",
+            "\"k: u32\"",
+            "argument 3 `k: u32` is declared `u32` but the kernel's parameter is `int` (`i32`)",
+        ),
+        (
+            "\"x: *const f32\"",
+            "\"x: *const f16\"",
+            "argument 1 `x: *const f16` is declared `*const f16` but the kernel's parameter is `const float *` (`*const f32`)",
+        ),
+        (
+            "\"out: *mut bf16\"",
+            "\"out: *const bf16\"",
+            "argument 0 `out: *const bf16` is declared `*const bf16` but the kernel's parameter is `__bf16 *`, which it may write through: declare it `*mut bf16`, or make the parameter `const`",
+        ),
+    ];
+    for (right, wrong, expected) in cases {
+        let manifest = TYPED_MANIFEST.replace(right, wrong);
+        assert_ne!(manifest, TYPED_MANIFEST);
+        let package = TempPackage::new(&["gfx942", "sm_90"], &[("typed", TYPED_SOURCE, &manifest)]);
+        let error = build_err(&package);
+        for target in ["gfx942", "sm_90"] {
+            assert_contains(
+                &error,
+                &[&format!("kernel `typed` on {target}: {expected}")],
+            );
+        }
+    }
+
+    // A `*mut` that the kernel cannot write builds, with a warning.
+    let manifest = TYPED_MANIFEST.replace("\"x: *const f32\"", "\"x: *mut f32\"");
+    let package = TempPackage::new(&["gfx942", "sm_90"], &[("typed", TYPED_SOURCE, &manifest)]);
+    let report = build_ok(&package.options());
+    assert_eq!(report.warnings.len(), 2, "{:?}", report.warnings);
+    for (warning, target) in report.warnings.iter().zip(["gfx942", "sm_90"]) {
+        assert_eq!(
+            warning,
+            &format!(
+                "kernel `typed` on {target}: argument 1 `x: *mut f32` is never written: the \
+                 kernel's parameter is `const float *`; declare it `*const f32`"
+            )
+        );
+    }
+    let package = TempPackage::new(
+        &["gfx942", "sm_90"],
+        &[("typed", TYPED_SOURCE, TYPED_MANIFEST)],
+    );
+    assert!(build_ok(&package.options()).warnings.is_empty());
+}
+
 #[test]
 fn a_compile_error_shows_the_diagnostics_under_the_job() {
     let broken = SCALE_SOURCE.replace("x[i] * a", "x[i] * missing_name");
