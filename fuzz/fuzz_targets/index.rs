@@ -12,7 +12,12 @@ fuzz_target!(|bytes: &[u8]| {
     let table = index.table();
     let _ = table.package();
     for module in table.modules() {
-        let _ = (module.name(), module.file(), module.size(), module.compressed());
+        let _ = (
+            module.name(),
+            module.file(),
+            module.size(),
+            module.compressed(),
+        );
         let _ = module.entry_ids();
     }
     let symbols: Vec<String> = table.kernel_symbols().map(str::to_owned).collect();

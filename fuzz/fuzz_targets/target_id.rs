@@ -10,7 +10,10 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|bytes: &[u8]| {
     if let Some(flags) = bytes.first_chunk::<4>() {
         let e_flags = u32::from_le_bytes(*flags);
-        let _ = (TargetId::from_amd_e_flags(e_flags), generic_version(e_flags));
+        let _ = (
+            TargetId::from_amd_e_flags(e_flags),
+            generic_version(e_flags),
+        );
     }
     let Ok(text) = std::str::from_utf8(bytes) else {
         return;
