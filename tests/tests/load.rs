@@ -571,6 +571,44 @@ fn a_bundle_without_its_index_is_refused() {
 }
 
 #[test]
+fn an_empty_kernel_record_far_outside_the_index_is_refused_even_with_its_digest_redone() {
+    // The index's digest is unkeyed: anyone can redo it. A kernel record of no bytes at a huge
+    // offset passed the lookup table's check and then panicked when the kernel was used.
+    let (_package, dir) = small_bundle(false);
+    let mut index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
+    let len = index.len();
+    // The table's layout (index/lookup.rs): a 40-byte header whose last five numbers count
+    // ID rows (8 bytes each), module rows (41), entry rows (44), kernel rows (16) and text;
+    // the footer's first four bytes give the table's size.
+    let table = len - u32::from_le_bytes(index[len - 8..len - 4].try_into().unwrap()) as usize;
+    let count =
+        |at: usize| u32::from_le_bytes(index[table + at..table + at + 4].try_into().unwrap());
+    let (ids, modules, entries) = (count(20), count(24), count(28));
+    let first_kernel =
+        table + 40 + 8 * ids as usize + 41 * modules as usize + 44 * entries as usize;
+    let record = first_kernel + 8;
+    index[record..record + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    index[record + 4..record + 8].copy_from_slice(&0u32.to_le_bytes());
+    // The digest redone: over the version string (4 bytes) and all that follows the digest.
+    let digest = sha2::Sha256::new()
+        .chain_update(&index[..4])
+        .chain_update(&index[38..])
+        .finalize();
+    index[6..38].copy_from_slice(&digest);
+
+    let index = leak(index);
+    for options in [OpenOptions::default(), UNVERIFIED] {
+        let error = Bundle::from_bytes(&[("bundle.msgpack", index)], options).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("a kernel's record lies outside the index's records"),
+            "{error}"
+        );
+    }
+}
+
+#[test]
 fn a_damaged_format_version_reads_as_damage() {
     let (_package, dir) = small_bundle(false);
     let index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
