@@ -79,7 +79,7 @@ pub fn write(
     cache: &Cache,
 ) -> Result<(PathBuf, u64), PackageError> {
     std::fs::create_dir_all(out).map_err(io_error(out))?;
-    clean_leftovers(out);
+    clean_leftovers(out, &[STAGING, RETIRED]);
     let staging = Aside::create(out, STAGING).map_err(io_error(out))?;
 
     let mut manifest = BundleManifest {

@@ -1,6 +1,7 @@
-//! The folders a build keeps beside `dist/<bundle>` while it replaces it (`.staging-*`, the
-//! new bundle being written; `.retired-*`, the old one on its way out), and the clean-up of
-//! those a killed build left behind.
+//! The folders a build keeps aside while it works, and the clean-up of those a killed build
+//! left behind: beside `dist/<bundle>` while it replaces it (`.staging-*`, the new bundle
+//! being written; `.retired-*`, the old one on its way out), and in the cache's `tmp/` (a
+//! job's outputs before they are stored, a file being written).
 //!
 //! Each folder has a lock file beside it, `<folder>.lock`, which its build holds locked
 //! (`flock`) for as long as the folder is its own. The operating system drops the lock when
@@ -14,14 +15,14 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// The kinds of folder a build keeps beside the bundle.
+/// The kinds of folder a build keeps beside the bundle (the cache names its own).
 pub const STAGING: &str = ".staging-";
 pub const RETIRED: &str = ".retired-";
 
 const LOCK_SUFFIX: &str = ".lock";
 
-/// A folder of this build beside the bundle, removed with its lock file when dropped (after a
-/// rename has taken it away, only the lock file is left to remove).
+/// A folder of this build's, removed with its lock file when dropped (after a rename has taken
+/// it away, only the lock file is left to remove).
 #[derive(Debug)]
 pub struct Aside {
     dir: PathBuf,
@@ -79,17 +80,17 @@ impl Drop for Aside {
     }
 }
 
-/// Removes from `parent` the folders (and lock files) of builds that are no longer running.
-/// A folder whose build still runs is left alone. Best effort: what cannot be removed now is
-/// tried again by the next build.
-pub fn clean_leftovers(parent: &Path) {
+/// Removes from `parent` the folders (and lock files) whose names start with one of `kinds`
+/// and whose builds are no longer running. A folder whose build still runs is left alone.
+/// Best effort: what cannot be removed now is tried again by the next build.
+pub fn clean_leftovers(parent: &Path, kinds: &[&str]) {
     let Ok(listing) = std::fs::read_dir(parent) else {
         return;
     };
     for entry in listing.flatten() {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if !(name.starts_with(STAGING) || name.starts_with(RETIRED)) {
+        if !kinds.iter().any(|kind| name.starts_with(kind)) {
             continue;
         }
         let path = entry.path();
