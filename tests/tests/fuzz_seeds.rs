@@ -55,6 +55,11 @@ fn seeds_from_the_repository_bundle() {
         let opened = Index::open(index.clone(), true).unwrap();
         assert_eq!(opened.manifest().unwrap(), &manifest);
         write("index", &format!("{kind}-{INDEX_FILE}"), &index);
+
+        // The index, and the module file it names first, as the `bundle` target reads them.
+        let first = read(bundle, &manifest.modules[0].file);
+        let size = u32::try_from(index.len()).unwrap().to_le_bytes();
+        write("bundle", kind, &[&size[..], &index, &first].concat());
     }
 
     let (manifest, smallest) = smallest_module(plain);
