@@ -1,6 +1,12 @@
 //! A bundle as hkload uses it: opened and checked against its manifest, the code object for a
 //! device chosen per module (and explained on request), modules loaded lazily once per device,
 //! kernels looked up by name.
+//!
+//! hkload reads a bundle through its index (`bundle.msgpack`) alone, and refuses a folder
+//! without one. The index's digest covers every record hkload acts on, and each record the
+//! digests of the bytes it names; `bundle.toml` and the ABI files are the same records for
+//! people and other tools, with no digest over them, so a bundle read from them could be
+//! edited (a cubin's target renamed, a digest replaced) with nothing to tell.
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -17,8 +23,7 @@ use crate::index::lookup::{KernelAt, Module, Table};
 use crate::index::{INDEX_FILE, Index};
 use crate::launch::{Arg, ArgLayout, Launched};
 use crate::manifest::{
-    BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ManifestError, ModuleAbi, ModuleRecord,
-    Sha256Digest,
+    BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ManifestError, Sha256Digest,
 };
 use crate::offload;
 use crate::select::{Selection, choose, select};
@@ -27,10 +32,10 @@ use crate::target::{EntryId, TargetId};
 /// How [`Bundle::open_with`] treats the files it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpenOptions {
-    /// Check every byte hkload uses against its SHA-256 before using it: each code image
-    /// before it is loaded (against the manifest's digest of that image), the index (against
-    /// its own digest) or, in a bundle without one, each ABI file (against the manifest). On
-    /// by default; turning it off saves the hashing time at start-up and trusts the files.
+    /// Check every byte hkload uses against its SHA-256 before using it: the index against
+    /// its own digest, and each code image before it is loaded against the index's digest of
+    /// that image. On by default; turning it off saves the hashing time at start-up and
+    /// trusts the files.
     pub verify_hashes: bool,
 }
 
@@ -52,32 +57,11 @@ struct Inner {
     /// Where the bundle came from, for messages: its folder, or `<embedded>`.
     origin: PathBuf,
     source: Source,
-    records: Records,
+    /// The index: its lookup table read in place, the manifest and every kernel's record
+    /// decoded on first use.
+    index: Index,
     modules: Vec<ModuleFile>,
     options: OpenOptions,
-}
-
-/// Where the manifest and the modules' ABIs come from, and the lookup table that serves
-/// opening, choosing, loading and launching without the manifest.
-enum Records {
-    /// The index, `bundle.msgpack`: its lookup table read in place, the manifest and every
-    /// kernel's record decoded on first use.
-    Index(Index),
-    /// A bundle with only its TOML files: `bundle.toml`, the table built from it, and each ABI
-    /// file read on first use.
-    Toml {
-        manifest: BundleManifest,
-        table: Table,
-    },
-}
-
-impl Records {
-    fn table(&self) -> &Table {
-        match self {
-            Self::Index(index) => index.table(),
-            Self::Toml { table, .. } => table,
-        }
-    }
 }
 
 /// Where the bundle's files are read from, when they are needed.
@@ -90,11 +74,9 @@ enum Source {
     Embedded(Vec<(&'static str, &'static [u8])>),
 }
 
-/// A module file, mapped on first use, and in a bundle without an index its ABI file, read on
-/// first use (the index decodes its kernels' records itself, one at a time).
+/// A module file, mapped on first use.
 struct ModuleFile {
     bytes: OnceLock<Result<FileBytes, Error>>,
-    abi_file: OnceLock<Result<ModuleAbi, Error>>,
 }
 
 impl std::fmt::Debug for Bundle {
@@ -115,7 +97,7 @@ impl Bundle {
     }
 
     /// Opens the bundle folder `dir`: reads and checks its index's lookup table
-    /// (`bundle.msgpack`) or, in a bundle without an index, its `bundle.toml`. Nothing else is
+    /// (`bundle.msgpack`), and refuses a folder without an index. Nothing else is
     /// read here: the manifest is decoded from the index when asked for, module files are
     /// mapped, checked and hashed when a module is first used (or at
     /// [`LoadedBundle::preload`]), so opening costs the same however many modules there are.
@@ -123,8 +105,8 @@ impl Bundle {
         Self::read(dir.as_ref().to_owned(), Source::Dir, options)
     }
 
-    /// A bundle embedded in the program, e.g. with `include_bytes!`: every file of the bundle
-    /// folder (or every one but the TOML files, or but the index) under its file name.
+    /// A bundle embedded in the program, e.g. with `include_bytes!`: its index and module
+    /// files under their file names (the TOML files are never read).
     ///
     /// ```
     /// /// Opens the bundle whose index and module file the program carries, e.g. as
@@ -147,49 +129,42 @@ impl Bundle {
 
     fn read(origin: PathBuf, source: Source, options: OpenOptions) -> Result<Self> {
         let index_path = origin.join(INDEX_FILE);
-        let records = match source.read(&index_path, INDEX_FILE) {
-            Ok(bytes) => Records::Index(
-                Index::open(bytes, options.verify_hashes).map_err(index_error(&origin))?,
-            ),
-            Err(missing) if missing.kind() == std::io::ErrorKind::NotFound => {
-                let path = origin.join(MANIFEST_FILE);
-                let bytes = source.read(&path, MANIFEST_FILE).map_err(|e| Error::Io {
-                    path: path.clone(),
-                    detail: if e.kind() == std::io::ErrorKind::NotFound {
-                        format!(
-                            "neither {INDEX_FILE} nor {MANIFEST_FILE} is there; is {} a bundle \
-                             folder made by `hkpack build`?",
-                            origin.display()
-                        )
-                    } else {
-                        e.to_string()
-                    },
-                })?;
-                let manifest = parse_manifest(&bytes, &path)?;
-                let table = Table::build(&manifest, &[], 0..0)
-                    .map_err(|source| Error::Manifest { path, source })?;
-                Records::Toml { manifest, table }
+        let bytes = source.read(&index_path, INDEX_FILE).map_err(|e| {
+            let detail = if e.kind() != std::io::ErrorKind::NotFound {
+                e.to_string()
+            } else if source
+                .read(&origin.join(MANIFEST_FILE), MANIFEST_FILE)
+                .is_ok()
+            {
+                format!(
+                    "the bundle's index is missing. hkload reads a bundle through its index \
+                     alone, whose digest covers every record; the {MANIFEST_FILE} beside it is a \
+                     readable copy that nothing verifies. Rebuild the bundle with `hkpack build`"
+                )
+            } else {
+                format!(
+                    "no such file; is {} a bundle folder made by `hkpack build`?",
+                    origin.display()
+                )
+            };
+            Error::Io {
+                path: index_path.clone(),
+                detail,
             }
-            Err(e) => {
-                return Err(Error::Io {
-                    path: index_path,
-                    detail: e.to_string(),
-                });
-            }
-        };
-        let modules = records
+        })?;
+        let index = Index::open(bytes, options.verify_hashes).map_err(index_error(&origin))?;
+        let modules = index
             .table()
             .modules()
             .map(|_| ModuleFile {
                 bytes: OnceLock::new(),
-                abi_file: OnceLock::new(),
             })
             .collect();
         Ok(Self {
             inner: Arc::new(Inner {
                 origin,
                 source,
-                records,
+                index,
                 modules,
                 options,
             }),
@@ -200,16 +175,13 @@ impl Bundle {
     /// index's lookup table), and checked then against that table.
     pub fn manifest(&self) -> Result<&BundleManifest> {
         let inner = &*self.inner;
-        match &inner.records {
-            Records::Index(index) => index.manifest().map_err(index_error(&inner.origin)),
-            Records::Toml { manifest, .. } => Ok(manifest),
-        }
+        inner.index.manifest().map_err(index_error(&inner.origin))
     }
 
     /// What opening, choosing and loading read: each module's file and code images, each
     /// kernel's name.
     pub fn table(&self) -> &Table {
-        self.inner.records.table()
+        self.inner.index.table()
     }
 
     /// Kernel `symbol`'s signature and per-target ABI, reading its module's ABI on first use.
@@ -237,23 +209,13 @@ impl Bundle {
             .collect()
     }
 
-    /// The record of the kernel at `at`, decoded from the index (that kernel's alone) or read
-    /// from its module's ABI file (all its kernels), and checked, on first use.
+    /// The record of the kernel at `at`, decoded from the index and checked on first use.
     fn record_at(&self, at: KernelAt) -> Result<&KernelRecord> {
         let inner = &*self.inner;
-        match &inner.records {
-            Records::Index(index) => index
-                .kernel_record(at.row)
-                .map_err(index_error(&inner.origin)),
-            Records::Toml { manifest, .. } => {
-                let abi = inner.modules[at.module]
-                    .abi_file
-                    .get_or_init(|| inner.read_abi_file(&manifest.modules[at.module]))
-                    .as_ref()
-                    .map_err(Clone::clone)?;
-                Ok(&abi.kernels[at.position])
-            }
-        }
+        inner
+            .index
+            .kernel_record(at.row)
+            .map_err(index_error(&inner.origin))
     }
 
     /// For each module, which entry would run on `device` and why every other was passed over.
@@ -352,29 +314,6 @@ impl Bundle {
     }
 }
 
-impl Inner {
-    /// The ABI file of `module`, in a bundle without an index: read, verified if the options
-    /// ask, and checked against the manifest.
-    fn read_abi_file(&self, module: &ModuleRecord) -> Result<ModuleAbi> {
-        let path = self.origin.join(&module.abi_file);
-        let bytes = self
-            .source
-            .read(&path, &module.abi_file)
-            .map_err(|e| Error::Io {
-                path: path.clone(),
-                detail: e.to_string(),
-            })?;
-        if self.options.verify_hashes {
-            check_sha256(&bytes, &module.abi_sha256, &path.display().to_string())?;
-        }
-        let text = std::str::from_utf8(&bytes).map_err(|e| Error::Io {
-            path: path.clone(),
-            detail: format!("not UTF-8 text: {e}"),
-        })?;
-        ModuleAbi::from_toml(text, module).map_err(|source| Error::Manifest { path, source })
-    }
-}
-
 impl Source {
     /// The bytes of the bundle file `name` (at `path` when the bundle is a folder); an
     /// embedded file that is not there reads as `NotFound`, as a missing file does.
@@ -410,17 +349,6 @@ fn index_error(origin: &Path) -> impl FnOnce(ManifestError) -> Error + '_ {
         path: origin.join(INDEX_FILE),
         source,
     }
-}
-
-fn parse_manifest(bytes: &[u8], path: &Path) -> Result<BundleManifest> {
-    let text = std::str::from_utf8(bytes).map_err(|e| Error::Io {
-        path: path.to_owned(),
-        detail: format!("not UTF-8 text: {e}"),
-    })?;
-    BundleManifest::from_toml(text).map_err(|source| Error::Manifest {
-        path: path.to_owned(),
-        source,
-    })
 }
 
 /// The bytes of `module`'s file at `path` (mapped from a folder), checked against what the

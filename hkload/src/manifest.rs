@@ -1,11 +1,10 @@
 //! The bundle manifest, `bundle.toml`, and the modules' ABI files: what a bundle folder holds
 //! and what every kernel in it expects. hkpack writes them, and the same records once more in
-//! the index ([`crate::index`]), which is what hkload reads when it is there; without it,
-//! hkload reads the manifest before touching any module file, and a module's ABI file when the
-//! module is first used.
+//! the index ([`crate::index`]), which is what hkload reads: these TOML files are the bundle's
+//! readable record, for people and other tools (`hkpack inspect` reads the index too).
 //!
 //! ```toml
-//! format_version = "1.2"
+//! format_version = "1.3"
 //! targets = ["gfx90a", "gfx942", "gfx950", "sm_80", "sm_90"]
 //!
 //! [package]
@@ -32,7 +31,7 @@
 //! sha256 = "…"
 //! ```
 //!
-//! and per module an ABI file, `rmsnorm.abi.toml`, read only when the module is first used:
+//! and per module an ABI file, `rmsnorm.abi.toml`:
 //!
 //! ```toml
 //! [[kernel]]
@@ -60,9 +59,10 @@ pub const ABI_EXTENSION: &str = "abi.toml";
 
 /// The bundle format this crate writes. Readers accept any minor version of the same major.
 ///
-/// 1.1 added the index, `bundle.msgpack` (see [`crate::index`]), 1.2 its lookup table and 1.3
-/// kernels' launch contracts ([`crate::contract`]); hkload still reads 1.0 bundles (TOML files
-/// only), 1.1 and 1.2 ones, whose kernels launch only with explicit dimensions.
+/// 1.1 added the index, `bundle.msgpack` (see [`crate::index`]), 1.2 its lookup table, and
+/// 1.3 kernels' launch contracts ([`crate::contract`]) and the index's version string under its
+/// digest; hkload reads 1.1 and 1.2 indexes too (their kernels launch only with explicit
+/// dimensions), and no bundle without an index (see [`crate::bundle`]).
 pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 3 };
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,7 +112,7 @@ pub struct ModuleRecord {
     /// The kernels the module holds, in declaration order.
     pub kernels: Vec<String>,
     /// The module's ABI file (`<module>.abi.toml`: each kernel's signature and per-target
-    /// ABI), read only when the module is used, so opening a bundle stays cheap.
+    /// ABI), the readable copy of the kernels' records in the index.
     pub abi_file: String,
     /// SHA-256 of the ABI file.
     pub abi_sha256: Sha256Digest,
@@ -442,10 +442,21 @@ fn first_duplicate<T: Ord + Copy>(items: impl Iterator<Item = T>) -> Option<T> {
 pub enum ManifestError {
     #[error("{0}")]
     Syntax(String),
-    #[error(
-        "bundle format {0} is newer than this hkload reads ({FORMAT_VERSION}); upgrade hkload or rebuild the bundle with a matching hkpack"
-    )]
+    #[error("{}", unsupported(*.0))]
     UnsupportedFormat(FormatVersion),
     #[error("{0}")]
     Invalid(String),
+}
+
+/// Why a bundle of format `version` (of another major than this hkload's) cannot be read.
+fn unsupported(version: FormatVersion) -> String {
+    if version > FORMAT_VERSION {
+        format!(
+            "bundle format {version} is newer than this hkload reads ({FORMAT_VERSION}); upgrade hkload or rebuild the bundle with a matching hkpack"
+        )
+    } else {
+        format!(
+            "bundle format {version} is older than any this hkload reads ({FORMAT_VERSION}); rebuild the bundle with `hkpack build`"
+        )
+    }
 }

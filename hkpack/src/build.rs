@@ -18,6 +18,7 @@ use crate::error::{Error, JobError};
 use crate::job::{Job, outputs, plan};
 use crate::manifest::Package;
 use crate::package::{self, BundleContents, TargetCode};
+use crate::probe;
 use crate::signature;
 use crate::toolchain::{ToolPaths, Toolchain};
 
@@ -52,6 +53,8 @@ pub struct BuildReport {
     pub elapsed: Duration,
     /// NVIDIA targets shipped as PTX only because ptxas was not found.
     pub ptx_only: Vec<TargetId>,
+    /// What the signature check allowed but found probably wrong, one sentence each.
+    pub warnings: Vec<String>,
     pub modules: usize,
     pub targets: usize,
 }
@@ -87,6 +90,7 @@ impl std::fmt::Display for BuildReport {
 struct JobOutput {
     code: TargetCode,
     compiled: bool,
+    warnings: Vec<String>,
 }
 
 pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
@@ -124,6 +128,7 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
     }
 
     let compiled = outputs.iter().filter(|o| o.compiled).count();
+    let warnings = outputs.iter().flat_map(|o| o.warnings.clone()).collect();
     let mut per_module: Vec<_> = package.modules.iter().map(|m| (m, Vec::new())).collect();
     for (job, output) in jobs.iter().zip(outputs) {
         if let Some((_, code)) = per_module
@@ -161,6 +166,7 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
         cached: jobs.len() - compiled,
         elapsed: started.elapsed(),
         ptx_only,
+        warnings,
         modules: package.modules.len(),
         targets: targets.len(),
     })
@@ -233,8 +239,12 @@ fn run_job(
             (dir, true)
         }
     };
-    let code = read_outputs(job, package, &dir)?;
-    Ok(JobOutput { code, compiled })
+    let (code, warnings) = read_outputs(job, package, &dir)?;
+    Ok(JobOutput {
+        code,
+        compiled,
+        warnings,
+    })
 }
 
 /// Everything that decides a job's outputs besides the files it reads.
@@ -248,8 +258,13 @@ fn job_identity(job: &Job<'_>, package: &Package, toolchain: &Toolchain) -> Iden
     Identity::new(parts)
 }
 
-/// The code images and checked kernel facts of a finished job's output folder.
-fn read_outputs(job: &Job<'_>, package: &Package, dir: &Path) -> Result<TargetCode, String> {
+/// The code images and checked kernel facts of a finished job's output folder, and the
+/// signature check's warnings.
+fn read_outputs(
+    job: &Job<'_>,
+    package: &Package,
+    dir: &Path,
+) -> Result<(TargetCode, Vec<String>), String> {
     let read = |name: &str| {
         std::fs::read(dir.join(name)).map_err(|e| format!("cannot read {name} from the cache: {e}"))
     };
@@ -274,12 +289,16 @@ fn read_outputs(job: &Job<'_>, package: &Package, dir: &Path) -> Result<TargetCo
             (images, facts)
         }
     };
-    let kernels = signature::check(job.module, &job.target, facts).map_err(|e| e.to_string())?;
-    Ok(TargetCode {
+    let printed = String::from_utf8_lossy(&read(outputs::SIGNATURES)?).into_owned();
+    let sources = probe::parse(&printed)?;
+    let checked =
+        signature::check(job.module, &job.target, facts, &sources).map_err(|e| e.to_string())?;
+    let code = TargetCode {
         target: job.target,
         images,
-        kernels,
-    })
+        kernels: checked.kernels,
+    };
+    Ok((code, checked.warnings))
 }
 
 /// Reads an AMD code object and checks that it is what the job asked for: built for the

@@ -21,9 +21,10 @@ use std::sync::Mutex;
 use sha2::{Digest, Sha256};
 
 use crate::job::parse_depfile;
+use crate::staging::{Aside, clean_leftovers};
 
 /// Bumped whenever the layout or the key's ingredients change, so old entries are not reused.
-const CACHE_VERSION: &str = "hkpack-cache-1";
+const CACHE_VERSION: &str = "hkpack-cache-2";
 
 /// A cache folder, shared safely between threads and processes.
 #[derive(Debug)]
@@ -71,7 +72,7 @@ impl Cache {
         for sub in ["deps", "objects", "derived", "tmp"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(io_error(dir))?;
         }
-        remove_abandoned_scratch(&dir.join("tmp"));
+        clean_leftovers(&dir.join("tmp"), &[SCRATCH, WRITING]);
         Ok(Self {
             dir: dir.to_owned(),
             file_hashes: Mutex::new(HashMap::new()),
@@ -89,12 +90,9 @@ impl Cache {
     }
 
     /// A fresh, private folder for a job's outputs, removed on drop unless stored.
-    pub fn scratch(&self) -> Result<tempfile::TempDir, CacheError> {
+    pub fn scratch(&self) -> Result<Aside, CacheError> {
         let tmp = self.dir.join("tmp");
-        tempfile::Builder::new()
-            .prefix("job-")
-            .tempdir_in(&tmp)
-            .map_err(io_error(&tmp))
+        Aside::create(&tmp, SCRATCH).map_err(io_error(&tmp))
     }
 
     /// Moves a finished job's outputs into the cache and returns their folder. The
@@ -103,7 +101,7 @@ impl Cache {
         &self,
         identity: &Identity,
         base: &Path,
-        outputs: tempfile::TempDir,
+        outputs: Aside,
         depfile: &Path,
     ) -> Result<PathBuf, CacheError> {
         let text = std::fs::read_to_string(depfile).map_err(io_error(depfile))?;
@@ -115,13 +113,11 @@ impl Cache {
                 detail: "a file the compiler read has disappeared".into(),
             })?;
         let dest = self.dir.join("objects").join(&key);
-        let scratch = outputs.keep();
-        match std::fs::rename(&scratch, &dest) {
+        match std::fs::rename(outputs.path(), &dest) {
             Ok(()) => {}
-            // Another build stored the same outputs first: identical by construction.
-            Err(_) if dest.is_dir() => {
-                let _ = std::fs::remove_dir_all(&scratch);
-            }
+            // Another build stored the same outputs first: identical by construction. Ours go
+            // when `outputs` is dropped.
+            Err(_) if dest.is_dir() => {}
             Err(e) => return Err(io_error(&dest)(e)),
         }
         self.write_atomically(
@@ -189,39 +185,18 @@ impl Cache {
 
     fn write_atomically(&self, path: &Path, bytes: &[u8]) -> Result<(), CacheError> {
         let tmp = self.dir.join("tmp");
-        let mut file = tempfile::NamedTempFile::new_in(&tmp).map_err(io_error(&tmp))?;
-        std::io::Write::write_all(&mut file, bytes).map_err(io_error(path))?;
-        file.persist(path).map_err(|e| io_error(path)(e.error))?;
-        Ok(())
+        let aside = Aside::create(&tmp, WRITING).map_err(io_error(&tmp))?;
+        let written = aside.path().join("file");
+        std::fs::write(&written, bytes).map_err(io_error(path))?;
+        std::fs::rename(&written, path).map_err(io_error(path))
     }
 }
 
-/// A scratch folder older than this was left by a build that was killed: no build runs this
-/// long, so a live one's scratch is never taken.
-const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
-
-/// Removes what killed builds left in `tmp`; whatever cannot be removed is left for next time.
-fn remove_abandoned_scratch(tmp: &Path) {
-    let Ok(entries) = std::fs::read_dir(tmp) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let abandoned = entry
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|modified| modified.elapsed().ok())
-            .is_some_and(|age| age > ABANDONED_AFTER);
-        if abandoned {
-            let path = entry.path();
-            let _ = if path.is_dir() {
-                std::fs::remove_dir_all(&path)
-            } else {
-                std::fs::remove_file(&path)
-            };
-        }
-    }
-}
+/// The cache's folders for a job's outputs before they are stored, and for a file being
+/// written: in `tmp/`, each locked by its build, so that the next build removes what a killed
+/// one left (see [`crate::staging`]).
+const SCRATCH: &str = "job-";
+const WRITING: &str = "write-";
 
 #[cfg(test)]
 mod tests {
@@ -267,6 +242,32 @@ mod tests {
                 .is_none(),
             "no scratch folder is left behind"
         );
+    }
+
+    #[test]
+    fn opening_removes_what_killed_builds_left_and_keeps_what_running_ones_hold() {
+        let root = tempfile::tempdir().unwrap();
+        let tmp = root.path().join("cache/tmp");
+        std::fs::create_dir_all(tmp.join("job-killed/outputs")).unwrap();
+        std::fs::write(tmp.join("job-killed.lock"), "").unwrap();
+        std::fs::create_dir(tmp.join("write-killed")).unwrap();
+        std::fs::write(tmp.join("write-killed.lock"), "").unwrap();
+        let running = Cache::open(&root.path().join("cache"))
+            .unwrap()
+            .scratch()
+            .unwrap();
+
+        Cache::open(&root.path().join("cache")).unwrap();
+        let mut left: Vec<_> = std::fs::read_dir(&tmp)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        left.sort();
+        let mut lock = running.path().as_os_str().to_owned();
+        lock.push(".lock");
+        assert_eq!(left, [running.path().to_owned(), PathBuf::from(lock)]);
+        drop(running);
+        assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0);
     }
 
     #[test]

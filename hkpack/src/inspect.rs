@@ -1,14 +1,18 @@
 //! `hkpack inspect`: what a bundle holds, one row per (module, target, kernel), from its
 //! manifest: code size, registers, shared memory (LDS), scratch, spills, wave size, and each
-//! kernel's launch contract; `--kernel NAME` shows one kernel whole.
+//! kernel's launch contract (`--kernel NAME` shows one kernel whole); and the check of its
+//! module files that `inspect` and `explain` make, since what they print is about those files
+//! but comes from the index alone.
 
 use std::fmt;
+use std::path::Path;
 
 use serde::Serialize;
 
 use hkload::Bundle;
 use hkload::abi::Param;
 use hkload::contract::Contract;
+use hkload::manifest::Sha256Digest;
 use hkload::target::TargetId;
 
 /// One row of the inspection table.
@@ -204,4 +208,31 @@ impl fmt::Display for KernelView {
         writeln!(f)?;
         f.write_str(&table(&self.targets))
     }
+}
+
+/// What is wrong with the module files of `bundle` (the folder `dir`), one sentence per
+/// damaged file: each must have the size and SHA-256 the manifest records for it. Empty when
+/// every file is intact.
+pub fn damaged_module_files(bundle: &Bundle, dir: &Path) -> Result<Vec<String>, hkload::Error> {
+    let mut damaged = Vec::new();
+    for module in &bundle.manifest()?.modules {
+        let path = dir.join(&module.file);
+        let problem = match std::fs::read(&path) {
+            Err(e) => Some(format!("cannot be read: {e}")),
+            Ok(bytes) if bytes.len() as u64 != module.size => Some(format!(
+                "is {} bytes, the manifest says {}",
+                bytes.len(),
+                module.size
+            )),
+            Ok(bytes) => {
+                let found = Sha256Digest::of(&bytes);
+                (found != module.sha256)
+                    .then(|| format!("has SHA-256 {found}, the manifest says {}", module.sha256))
+            }
+        };
+        if let Some(problem) = problem {
+            damaged.push(format!("module file {} {problem}", path.display()));
+        }
+    }
+    Ok(damaged)
 }

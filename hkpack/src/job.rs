@@ -5,14 +5,17 @@
 //! `clang -x hip --cuda-device-only -nogpuinc -nogpulib --offload-arch=gfx942
 //! -mcode-object-version=5 --no-gpu-bundle-output`. NVIDIA targets compile to PTX with the same
 //! clang (`-x cuda -nocudainc -nocudalib --cuda-gpu-arch=sm_90`), then ptxas makes a cubin.
+//! Every job then runs the signature probe ([`crate::probe`]) over the kernels it compiled.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use hkload::code_object;
 use hkload::target::TargetId;
 
 use crate::manifest::{Module, Package};
+use crate::probe;
 use crate::toolchain::Toolchain;
 
 /// The PTX ISA version clang writes: 8.0 is the oldest that knows sm_90, and CUDA 12.0+
@@ -42,7 +45,12 @@ pub mod outputs {
     pub const PTXAS_REPORT: &str = "ptxas.txt";
     /// The compiler's dependency file: the source and every header it included.
     pub const DEPS: &str = "deps.d";
+    /// What the signature probe printed of the compiled kernels' parameter types.
+    pub const SIGNATURES: &str = "signatures.txt";
 }
+
+/// The signature probe's source while it runs, in the job's output folder.
+const PROBE: &str = "probe.hip";
 
 /// Every job of a build, modules in manifest order, targets in the order requested.
 pub fn plan<'p>(package: &'p Package, targets: &[TargetId]) -> Vec<Job<'p>> {
@@ -92,6 +100,13 @@ impl Job<'_> {
     /// The clang arguments that decide the output, without output and dependency-file paths:
     /// everything here goes into the cache key.
     pub fn clang_args(&self, package: &Package) -> Vec<String> {
+        let mut args = self.compile_args(package);
+        args.push(self.source.display().to_string());
+        args
+    }
+
+    /// [`Job::clang_args`] without the source: what the signature probe is compiled with too.
+    fn compile_args(&self, package: &Package) -> Vec<String> {
         let mut args: Vec<String> = match &self.target {
             TargetId::Amd(_) => [
                 "-x",
@@ -134,7 +149,6 @@ impl Job<'_> {
             args.push(format!("-D{name}={value}"));
         }
         args.extend(self.flags.iter().cloned());
-        args.push(self.source.display().to_string());
         args
     }
 
@@ -178,19 +192,76 @@ impl Job<'_> {
                 .arg(&main_output)
                 .arg("-o")
                 .arg(out.join(outputs::CUBIN));
-            let report = self.run_tool(command, "ptxas")?;
-            std::fs::write(out.join(outputs::PTXAS_REPORT), report).map_err(|e| JobFailure {
-                job: self.name(),
-                command: "writing the ptxas report".into(),
-                status: "error".into(),
-                diagnostics: e.to_string(),
-            })?;
+            let report = self.run_tool(command, "ptxas")?.stderr;
+            self.write(&out.join(outputs::PTXAS_REPORT), report.as_bytes())?;
         }
-        Ok(())
+        self.run_probe(package, toolchain, out, &main_output)
     }
 
-    /// Runs `command`, returning what it printed on stderr (ptxas's report) on success.
-    fn run_tool(&self, mut command: Command, tool: &str) -> Result<String, JobFailure> {
+    /// Runs the signature probe over the kernels compiled into `code` and keeps what clang
+    /// printed of their types in [`outputs::SIGNATURES`]. Code that cannot be read is left
+    /// for reading its outputs to report.
+    fn run_probe(
+        &self,
+        package: &Package,
+        toolchain: &Toolchain,
+        out: &Path,
+        code: &Path,
+    ) -> Result<(), JobFailure> {
+        let bytes = std::fs::read(code).map_err(|e| self.io_failure("reading its output", e))?;
+        let kernels = if self.is_nvidia() {
+            std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(|ptx| code_object::read_ptx_entries(ptx).ok())
+        } else {
+            code_object::read_amd_code_object(&bytes)
+                .ok()
+                .map(|object| object.kernels)
+        };
+        let Some(kernels) = kernels else {
+            return Ok(());
+        };
+        let names: Vec<&str> = kernels.iter().map(|k| k.name.as_str()).collect();
+        let probe = out.join(PROBE);
+        let source = probe::source(&package.dir.join(&self.source), &names);
+        self.write(&probe, source.as_bytes())?;
+        let mut clang = Command::new(&toolchain.clang);
+        clang
+            .current_dir(&package.dir)
+            .args(self.compile_args(package))
+            .args([
+                "-fsyntax-only",
+                "-Xclang",
+                "-fdump-record-layouts-canonical",
+            ])
+            .arg(&probe);
+        let printed = self.run_tool(clang, "clang (signature probe)")?.stdout;
+        let _ = std::fs::remove_file(&probe);
+        let block = probe::extract(&printed).ok_or_else(|| JobFailure {
+            job: self.name(),
+            command: "clang (signature probe)".into(),
+            status: "printed no kernel types".into(),
+            diagnostics: printed.chars().take(2000).collect(),
+        })?;
+        self.write(&out.join(outputs::SIGNATURES), block.as_bytes())
+    }
+
+    fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), JobFailure> {
+        std::fs::write(path, bytes).map_err(|e| self.io_failure("writing its outputs", e))
+    }
+
+    fn io_failure(&self, doing: &str, error: std::io::Error) -> JobFailure {
+        JobFailure {
+            job: self.name(),
+            command: doing.into(),
+            status: "error".into(),
+            diagnostics: error.to_string(),
+        }
+    }
+
+    /// Runs `command`, returning what it printed (ptxas's report is on stderr, the probe's
+    /// types on stdout) on success.
+    fn run_tool(&self, mut command: Command, tool: &str) -> Result<Printed, JobFailure> {
         let failure = |status: String, diagnostics: String| JobFailure {
             job: self.name(),
             command: tool.to_owned(),
@@ -202,7 +273,10 @@ impl Job<'_> {
             .map_err(|e| failure("could not start".into(), e.to_string()))?;
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
         if output.status.success() {
-            Ok(stderr)
+            Ok(Printed {
+                stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+                stderr,
+            })
         } else {
             Err(failure(
                 output.status.to_string(),
@@ -210,6 +284,12 @@ impl Job<'_> {
             ))
         }
     }
+}
+
+/// What a tool printed.
+struct Printed {
+    stdout: String,
+    stderr: String,
 }
 
 /// The files a compiler's dependency file names, relative to where the compiler ran.

@@ -2,7 +2,8 @@
 //!
 //! The library does the work; the `hkpack` binary is flag parsing and wiring. A build goes
 //! [`manifest`] → [`toolchain`] → [`job`] (planned per module and target, run through the
-//! [`cache`]) → [`signature`] check → [`package`], all driven by [`build::build`].
+//! [`cache`], each ending with the signature [`probe`]) → [`signature`] check → [`package`],
+//! all driven by [`build::build`].
 
 pub mod build;
 pub mod cache;
@@ -11,7 +12,9 @@ pub mod inspect;
 pub mod job;
 pub mod manifest;
 pub mod package;
+pub mod probe;
 pub mod signature;
+pub mod staging;
 pub mod toolchain;
 
 pub use build::{BuildOptions, BuildReport, build};

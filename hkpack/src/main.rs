@@ -1,6 +1,6 @@
 //! The `hkpack` command: flag parsing and wiring over the hkpack library.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -23,7 +23,7 @@ enum Command {
     Build(BuildArgs),
     /// Show what a bundle holds: modules x targets x kernels with their resource use.
     Inspect {
-        /// The bundle folder (holding bundle.toml).
+        /// The bundle folder (holding bundle.msgpack).
         bundle: PathBuf,
         /// Show one kernel whole: its signature, launch contract and per-target ABI.
         #[arg(long)]
@@ -34,7 +34,7 @@ enum Command {
     },
     /// Explain which code object of each module a device would run, and why the others not.
     Explain {
-        /// The bundle folder (holding bundle.toml).
+        /// The bundle folder (holding bundle.msgpack).
         bundle: PathBuf,
         /// The device's full target ID, e.g. gfx942:sramecc+:xnack- or sm_90.
         #[arg(long)]
@@ -106,58 +106,77 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
                 progress: !args.quiet,
             };
             let report = hkpack::build(&options)?;
+            for warning in &report.warnings {
+                eprintln!("warning: {warning}");
+            }
             if !args.quiet {
                 emit(&format!("{report}\n"));
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Inspect {
-            bundle,
-            kernel: Some(symbol),
+            bundle: dir,
+            kernel,
             json,
         } => {
-            let view = inspect::kernel(&Bundle::open(&bundle)?, &symbol)?;
-            emit(&if json {
-                to_json(&view)
-            } else {
-                view.to_string()
-            });
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Inspect {
-            bundle,
-            kernel: None,
-            json,
-        } => {
-            let rows = inspect::rows(&Bundle::open(&bundle)?)?;
-            emit(&if json {
-                to_json(&rows)
-            } else {
-                inspect::table(&rows)
-            });
-            Ok(ExitCode::SUCCESS)
+            let bundle = Bundle::open(&dir)?;
+            match kernel {
+                Some(symbol) => {
+                    let view = inspect::kernel(&bundle, &symbol)?;
+                    emit(&if json {
+                        to_json(&view)
+                    } else {
+                        view.to_string()
+                    });
+                }
+                None => {
+                    let rows = inspect::rows(&bundle)?;
+                    emit(&if json {
+                        to_json(&rows)
+                    } else {
+                        inspect::table(&rows)
+                    });
+                }
+            }
+            Ok(module_files_verdict(&bundle, &dir)?)
         }
         Command::Explain {
-            bundle,
+            bundle: dir,
             target,
             json,
         } => {
-            let explanation = Bundle::open(&bundle)?.explain(&target);
+            let bundle = Bundle::open(&dir)?;
+            let explanation = bundle.explain(&target);
             emit(&if json {
                 to_json(&explanation)
             } else {
                 explanation.to_string()
             });
-            if explanation.is_servable() {
-                Ok(ExitCode::SUCCESS)
-            } else {
+            if !explanation.is_servable() {
                 eprintln!(
                     "error: this bundle has no code object for {target} in at least one module (see above)"
                 );
-                Ok(ExitCode::FAILURE)
+                return Ok(ExitCode::FAILURE);
             }
+            Ok(module_files_verdict(&bundle, &dir)?)
         }
     }
+}
+
+/// What `inspect` and `explain` print comes from the index; they fail if the module files it
+/// describes are not the ones beside it.
+fn module_files_verdict(bundle: &Bundle, dir: &Path) -> Result<ExitCode, hkpack::Error> {
+    let damaged = inspect::damaged_module_files(bundle, dir)?;
+    for problem in &damaged {
+        eprintln!("error: {problem}");
+    }
+    if damaged.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!(
+        "error: the bundle's module files do not match its index; rebuild it with `hkpack build`"
+    );
+    Ok(ExitCode::FAILURE)
 }
 
 fn to_json(value: &impl serde::Serialize) -> String {

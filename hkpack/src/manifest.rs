@@ -39,6 +39,8 @@ pub struct Package {
 #[derive(Debug, Clone)]
 pub struct Module {
     pub name: String,
+    /// Where the name is written in the module's manifest, for messages: `(line, column)`.
+    pub name_at: (usize, usize),
     /// The module's manifest file.
     pub manifest: PathBuf,
     pub source: PathBuf,
@@ -262,6 +264,7 @@ impl Package {
             .iter()
             .map(|path| Module::load(path))
             .collect::<Result<Vec<_>, _>>()?;
+        check_unique_names(&modules)?;
         check_unique_symbols(&modules)?;
         Ok(Self {
             dir: dir.to_owned(),
@@ -401,8 +404,10 @@ impl Module {
                 },
             );
         }
+        let name_at = file.error(raw.module.name.span(), "");
         Ok(Self {
             name: name.clone(),
+            name_at: (name_at.line, name_at.column),
             manifest: path.to_owned(),
             source,
             defines: raw.module.defines,
@@ -411,6 +416,27 @@ impl Module {
             overrides,
         })
     }
+}
+
+/// A module name may be used once in a package: it names the module's files in the bundle,
+/// and a second module of the same name would overwrite the first one's.
+fn check_unique_names(modules: &[Module]) -> Result<(), ManifestError> {
+    for (i, module) in modules.iter().enumerate() {
+        if let Some(first) = modules[..i].iter().find(|m| m.name == module.name) {
+            let (line, column) = module.name_at;
+            return Err(ManifestError {
+                path: module.manifest.clone(),
+                line,
+                column,
+                message: format!(
+                    "module `{}` is also named by {}; module names must be unique in a package",
+                    module.name,
+                    first.manifest.display()
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A symbol may exist once in the whole package: hkload finds kernels by name alone.

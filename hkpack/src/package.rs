@@ -1,7 +1,8 @@
 //! Writing a bundle folder: one clang offload bundle per module (plain by default, or
 //! CCOB-compressed), one ABI file per module, `bundle.toml`, and the index that holds the same
 //! records for hkload to read fast (`bundle.msgpack`), assembled in a staging folder beside the
-//! destination and moved into place whole, so `dist/` never holds a half-written bundle.
+//! destination and moved into place whole, so `dist/` never holds a half-written bundle (and
+//! what a killed build left beside it is removed by the next: see [`crate::staging`]).
 
 use std::path::{Path, PathBuf};
 
@@ -13,10 +14,12 @@ use hkload::manifest::{
     Toolchain as ToolchainRecord,
 };
 use hkload::offload;
-use hkload::target::{EntryId, TargetId};
+use hkload::select::choose;
+use hkload::target::{EntryId, SmArch, TargetId};
 
 use crate::cache::{Cache, CacheError};
 use crate::manifest::{Module, Package};
+use crate::staging::{Aside, RETIRED, STAGING, clean_leftovers};
 
 /// zstd level for module files: bundles are built once and loaded many times, so spend the
 /// build time on a smaller file (level 19 stays in milliseconds for code objects).
@@ -76,10 +79,8 @@ pub fn write(
     cache: &Cache,
 ) -> Result<(PathBuf, u64), PackageError> {
     std::fs::create_dir_all(out).map_err(io_error(out))?;
-    let staging = tempfile::Builder::new()
-        .prefix(".staging-")
-        .tempdir_in(out)
-        .map_err(io_error(out))?;
+    clean_leftovers(out, &[STAGING, RETIRED]);
+    let staging = Aside::create(out, STAGING).map_err(io_error(out))?;
 
     let mut manifest = BundleManifest {
         format_version: FORMAT_VERSION,
@@ -183,14 +184,41 @@ fn kernel_records(module: &Module, code: &[TargetCode]) -> Vec<KernelRecord> {
 }
 
 /// The code images of a module in the order they go into its bundle: native code (AMD code
-/// objects and cubins) in target order first, then PTX. A device's native entry then sits
-/// early in the bundle, and loading it decompresses nothing past it.
+/// objects and cubins) in target order first, then the PTX some device would run. A device's
+/// native entry then sits early in the bundle, and loading it decompresses nothing past it.
 fn bundle_order(code: &[TargetCode]) -> impl Iterator<Item = &(EntryId, Vec<u8>)> {
     let images = || code.iter().flat_map(|t| &t.images);
     let is_ptx = |(id, _): &&(EntryId, Vec<u8>)| matches!(id, EntryId::Ptx(_));
-    images()
-        .filter(move |image| !is_ptx(image))
-        .chain(images().filter(is_ptx))
+    let ids: Vec<EntryId> = images().map(|(id, _)| *id).collect();
+    images().filter(move |image| !is_ptx(image)).chain(
+        images()
+            .filter(move |(id, _)| matches!(id, EntryId::Ptx(arch) if ptx_is_chosen(*arch, &ids))),
+    )
+}
+
+/// Whether some NVIDIA device would choose the PTX for `arch` among `entries`. It is dead
+/// weight where cubins and newer PTX serve every device it could: with cubins for sm_80 and
+/// sm_90 and PTX for both, sm_8x devices take the sm_80 cubin and newer ones the compute_90
+/// PTX, so the compute_80 PTX (a third of a module file) would never load.
+///
+/// The devices tried are every architecture from `arch`'s major version to one past the
+/// newest in `entries`: the choice compares a device only with the entries' versions, so any
+/// newer device chooses as the first of the next major does.
+fn ptx_is_chosen(arch: SmArch, entries: &[EntryId]) -> bool {
+    let newest = entries
+        .iter()
+        .filter_map(|id| match id {
+            EntryId::Cubin(arch) | EntryId::Ptx(arch) => Some(arch.major()),
+            EntryId::AmdCodeObject(_) => None,
+        })
+        .max()
+        .unwrap_or(arch.major());
+    let this = EntryId::Ptx(arch);
+    (arch.major()..=newest + 1)
+        .flat_map(|major| (0..=9).filter_map(move |minor| SmArch::new(major, minor).ok()))
+        .any(|device| {
+            choose(&TargetId::Nvidia(device), entries).is_some_and(|(i, _)| entries[i] == this)
+        })
 }
 
 /// What the bundle records of a kernel's code for `target`: the code object's facts, with
@@ -227,25 +255,20 @@ fn holds_exactly(dir: &Path, files: &[(String, Vec<u8>)]) -> bool {
 /// Moves the finished `staging` folder to `dest`, replacing what was there. Each step is a
 /// rename, so `dest` is at every moment either the old bundle whole, absent, or the new one
 /// whole.
-fn replace_dir(staging: tempfile::TempDir, dest: &Path) -> Result<(), PackageError> {
+fn replace_dir(staging: Aside, dest: &Path) -> Result<(), PackageError> {
     let parent = dest.parent().unwrap_or(Path::new("."));
-    let retired = tempfile::Builder::new()
-        .prefix(".retired-")
-        .tempdir_in(parent)
-        .map_err(io_error(parent))?;
+    let retired = Aside::create(parent, RETIRED).map_err(io_error(parent))?;
     let old = retired.path().join("bundle");
     let had_old = match std::fs::rename(dest, &old) {
         Ok(()) => true,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
         Err(e) => return Err(io_error(dest)(e)),
     };
-    let staged = staging.keep();
-    if let Err(e) = std::fs::rename(&staged, dest) {
+    if let Err(e) = std::fs::rename(staging.path(), dest) {
         // Put the old bundle back rather than leave nothing.
         if had_old {
             let _ = std::fs::rename(&old, dest);
         }
-        let _ = std::fs::remove_dir_all(&staged);
         return Err(io_error(dest)(e));
     }
     Ok(())

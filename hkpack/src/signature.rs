@@ -1,12 +1,18 @@
 //! Checking what the compiler made against what the manifest declared: every declared kernel
-//! exists on every target, no undeclared kernel slipped in, and each explicit argument has the
-//! declared size, alignment and kind (pointer or value).
+//! exists on every target, no undeclared kernel slipped in, each explicit argument has exactly
+//! the declared type in the kernel's source (element type, signedness, and constness: a
+//! `*const` pointer must be `const` in the source, which the compiler then keeps from being
+//! written; see [`crate::probe`] for how the types are read), and the compiled code passes it
+//! with the declared size, alignment and kind (pointer or value).
+
+use std::collections::BTreeMap;
 
 use hkload::abi::{Param, ParamType};
 use hkload::code_object::{ArgKind, KernelFacts};
 use hkload::target::TargetId;
 
 use crate::manifest::Module;
+use crate::probe::SourceParam;
 
 /// A compiled kernel that does not match its declaration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -38,6 +44,10 @@ pub enum SignatureError {
         declared: usize,
         found: usize,
     },
+    #[error(
+        "kernel `{kernel}` on {target}: the signature probe found no type for it; a bug in hkpack: please report it"
+    )]
+    NoSourceTypes { kernel: String, target: TargetId },
     #[error("kernel `{kernel}` on {target}: argument {index} `{param}` {detail}")]
     Argument {
         kernel: String,
@@ -48,13 +58,23 @@ pub enum SignatureError {
     },
 }
 
-/// Checks the facts of every kernel compiled for `target` against `module`'s declarations and
-/// returns them in declaration order.
+/// The kernels of one module compiled for one target, checked: their facts in declaration
+/// order, and what is allowed but probably wrong.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub kernels: Vec<KernelFacts>,
+    /// One sentence each: a `*mut` argument the kernel never writes.
+    pub warnings: Vec<String>,
+}
+
+/// Checks the facts of every kernel compiled for `target`, and their parameters as the source
+/// declares them (`sources`, by kernel), against `module`'s declarations.
 pub fn check(
     module: &Module,
     target: &TargetId,
     compiled: Vec<KernelFacts>,
-) -> Result<Vec<KernelFacts>, SignatureError> {
+    sources: &BTreeMap<String, Vec<SourceParam>>,
+) -> Result<Checked, SignatureError> {
     let manifest = module.manifest.display().to_string();
     if let Some(extra) = compiled
         .iter()
@@ -68,6 +88,7 @@ pub fn check(
         });
     }
     let mut ordered = Vec::with_capacity(module.kernels.len());
+    let mut warnings = Vec::new();
     for decl in &module.kernels {
         let facts = compiled
             .iter()
@@ -82,10 +103,26 @@ pub fn check(
                     .collect::<Vec<_>>()
                     .join(", "),
             })?;
-        check_args(&decl.symbol, target, &decl.args, facts)?;
+        let source = sources
+            .get(&decl.symbol)
+            .ok_or_else(|| SignatureError::NoSourceTypes {
+                kernel: decl.symbol.clone(),
+                target: *target,
+            })?;
+        check_args(
+            &decl.symbol,
+            target,
+            &decl.args,
+            facts,
+            source,
+            &mut warnings,
+        )?;
         ordered.push(facts.clone());
     }
-    Ok(ordered)
+    Ok(Checked {
+        kernels: ordered,
+        warnings,
+    })
 }
 
 fn check_args(
@@ -93,16 +130,21 @@ fn check_args(
     target: &TargetId,
     declared: &[Param],
     facts: &KernelFacts,
+    source: &[SourceParam],
+    warnings: &mut Vec<String>,
 ) -> Result<(), SignatureError> {
-    if declared.len() != facts.args.len() {
-        return Err(SignatureError::Count {
-            kernel: kernel.to_owned(),
-            target: *target,
-            declared: declared.len(),
-            found: facts.args.len(),
-        });
+    for found in [facts.args.len(), source.len()] {
+        if declared.len() != found {
+            return Err(SignatureError::Count {
+                kernel: kernel.to_owned(),
+                target: *target,
+                declared: declared.len(),
+                found,
+            });
+        }
     }
-    for (index, (param, slot)) in declared.iter().zip(&facts.args).enumerate() {
+    for (index, ((param, slot), source)) in declared.iter().zip(&facts.args).zip(source).enumerate()
+    {
         let fail = |detail: String| {
             Err(SignatureError::Argument {
                 kernel: kernel.to_owned(),
@@ -142,8 +184,66 @@ fn check_args(
                 param.ty.align()
             ));
         }
+        // The compiled layout agrees; now the exact type, which it cannot tell.
+        match check_source_type(param.ty, source) {
+            SourceVerdict::Same => {}
+            SourceVerdict::NeverWritten(found) => warnings.push(format!(
+                "kernel `{kernel}` on {target}: argument {index} `{param}` is never written: the \
+                 kernel's parameter is `{}`; declare it `{found}`",
+                source.spelling,
+            )),
+            SourceVerdict::Mismatch(detail) => return fail(detail),
+        }
     }
     Ok(())
+}
+
+/// How a declared type compares with the source's.
+enum SourceVerdict {
+    Same,
+    /// Declared `*mut`, but the kernel takes a pointer to `const`: allowed, but a caller then
+    /// hands over a writable buffer for nothing. Holds the type to declare.
+    NeverWritten(ParamType),
+    Mismatch(String),
+}
+
+fn check_source_type(declared: ParamType, source: &SourceParam) -> SourceVerdict {
+    let spelling = &source.spelling;
+    let Some(found) = source.ty else {
+        return SourceVerdict::Mismatch(format!(
+            "is declared `{declared}` but the kernel's parameter is `{spelling}`, which no \
+             manifest type describes (use the types of the manifest's `args`)"
+        ));
+    };
+    match (declared, found) {
+        _ if declared == found => SourceVerdict::Same,
+        (
+            ParamType::Pointer {
+                pointee,
+                mutable: true,
+            },
+            ParamType::Pointer {
+                pointee: source_pointee,
+                mutable: false,
+            },
+        ) if pointee == source_pointee => SourceVerdict::NeverWritten(found),
+        (
+            ParamType::Pointer {
+                pointee,
+                mutable: false,
+            },
+            ParamType::Pointer {
+                pointee: source_pointee,
+                mutable: true,
+            },
+        ) if pointee == source_pointee => SourceVerdict::Mismatch(format!(
+            "is declared `{declared}` but the kernel's parameter is `{spelling}`, which it may \
+             write through: declare it `{found}`, or make the parameter `const`"
+        )),
+        _ => SourceVerdict::Mismatch(format!(
+            "is declared `{declared}` but the kernel's parameter is `{spelling}` (`{found}`)"
+        )),
+    }
 }
 
 fn describe(kind: &ArgKind) -> String {

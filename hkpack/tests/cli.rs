@@ -177,6 +177,20 @@ fn without_ptxas_nvidia_targets_ship_ptx_and_the_summary_says_so() {
     let manifest = std::fs::read_to_string(root.path().join("dist/cli-1.2.3/bundle.toml")).unwrap();
     assert!(manifest.contains("cuda-nvptx64-nvidia-cuda-compute_90"));
     assert!(!manifest.contains("cuda-nvptx64-nvidia-cuda-sm_90\""));
+
+    // Without cubins every PTX is some GPU's only code: sm_8x run compute_80's.
+    let build = Command::new(env!("CARGO_BIN_EXE_hkpack"))
+        .current_dir(root.path())
+        .args(["build", "--arch", "sm_80,sm_90"])
+        .env("PATH", &empty)
+        .env_remove("HKPACK_PTXAS")
+        .env_remove("CUDA_HOME")
+        .output()
+        .unwrap();
+    assert!(build.status.success(), "{}", text(&build.stderr));
+    let manifest = std::fs::read_to_string(root.path().join("dist/cli-1.2.3/bundle.toml")).unwrap();
+    assert!(manifest.contains("cuda-nvptx64-nvidia-cuda-compute_80"));
+    assert!(manifest.contains("cuda-nvptx64-nvidia-cuda-compute_90"));
 }
 
 /// Writes an executable shell script `name` into `dir`.
@@ -225,4 +239,31 @@ fn a_clang_that_fails_or_has_no_lld_is_reported_with_what_to_do() {
         !root.path().join("dist").exists(),
         "nothing is written when the toolchain is unusable"
     );
+}
+
+#[test]
+fn inspect_and_explain_fail_on_damaged_module_files() {
+    // Their facts come from the index alone: a damaged module file once went unnoticed.
+    let root = tempfile::tempdir().unwrap();
+    package(root.path());
+    let build = hkpack(root.path(), &["build", "--quiet"]);
+    assert!(build.status.success(), "{}", text(&build.stderr));
+    let module = root.path().join("dist/cli-1.2.3/scale.hipfb");
+    let mut bytes = std::fs::read(&module).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x5a;
+    std::fs::write(&module, bytes).unwrap();
+
+    let explain = ["explain", "dist/cli-1.2.3", "--target", "sm_90"];
+    for args in [&["inspect", "dist/cli-1.2.3"][..], &explain] {
+        let out = hkpack(root.path(), args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains("scale.hipfb has SHA-256"), "{err}");
+        assert!(err.contains("rebuild it with `hkpack build`"), "{err}");
+    }
+    std::fs::remove_file(&module).unwrap();
+    let out = hkpack(root.path(), &["inspect", "dist/cli-1.2.3"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("scale.hipfb cannot be read"));
 }

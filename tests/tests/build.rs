@@ -12,7 +12,8 @@ use common::*;
 use hkload::Bundle;
 use hkload::index::{INDEX_FILE, Index};
 use hkload::manifest::{BundleManifest, MANIFEST_FILE, ModuleAbi};
-use hkload::target::EntryId;
+use hkload::select::choose;
+use hkload::target::{EntryId, TargetId};
 use hkpack::toolchain::ToolPaths;
 use sha2::{Digest, Sha256};
 
@@ -20,6 +21,19 @@ fn manifest(bundle: &Path) -> BundleManifest {
     BundleManifest::from_toml(&std::fs::read_to_string(bundle.join(MANIFEST_FILE)).unwrap())
         .unwrap()
 }
+
+/// Real GPUs of both vendors, as their runtimes report them.
+const GPUS: [&str; 9] = [
+    "gfx90a:sramecc+:xnack-",
+    "gfx942:sramecc+:xnack-",
+    "gfx950:sramecc+:xnack-",
+    "sm_80",
+    "sm_86",
+    "sm_89",
+    "sm_90",
+    "sm_100",
+    "sm_120",
+];
 
 #[test]
 fn every_module_has_every_default_target() {
@@ -32,7 +46,6 @@ fn every_module_has_every_default_target() {
             "hipv4-amdgcn-amd-amdhsa--gfx942",
             "hipv4-amdgcn-amd-amdhsa--gfx950",
             "cuda-nvptx64-nvidia-cuda-sm_80",
-            "cuda-nvptx64-nvidia-cuda-compute_80",
             "cuda-nvptx64-nvidia-cuda-sm_90",
             "cuda-nvptx64-nvidia-cuda-compute_90",
         ]
@@ -41,6 +54,16 @@ fn every_module_has_every_default_target() {
         for module in &manifest.modules {
             let ids: BTreeSet<String> = module.entries.iter().map(|e| e.id.to_string()).collect();
             assert_eq!(ids, expected, "module {}", module.name);
+            // Every entry is one some GPU runs: the compute_80 PTX, which none chose (sm_8x
+            // take the sm_80 cubin, newer GPUs the compute_90 PTX), no longer ships.
+            let entries: Vec<EntryId> = module.entries.iter().map(|e| e.id).collect();
+            for entry in &entries {
+                let chosen = GPUS.iter().any(|gpu| {
+                    choose(&gpu.parse::<TargetId>().unwrap(), &entries)
+                        .is_some_and(|(i, _)| entries[i] == *entry)
+                });
+                assert!(chosen, "no GPU runs {entry} of module {}", module.name);
+            }
         }
         // Every kernel has its ABI for every target, with no spills or scratch anywhere.
         for kernel in Bundle::open(bundle).unwrap().kernel_records().unwrap() {
@@ -311,6 +334,65 @@ fn manifest_errors_name_the_file_and_line() {
 }
 
 #[test]
+fn two_modules_of_one_name_are_refused_and_leave_the_bundle_alone() {
+    // Both modules' files were written under one name: one overwrote the other, the build
+    // exited 0, and dist/ held a bundle that no longer matched its index.
+    let package = TempPackage::new(&["gfx942"], &[("scale", SCALE_SOURCE, SCALE_MANIFEST)]);
+    let report = build_ok(&package.options());
+    let before = snapshot(&report.bundle);
+    let twin = OFFSET_MANIFEST.replace("name = \"offset\"", "name = \"scale\"");
+    std::fs::write(package.manifests().join("twin.toml"), twin).unwrap();
+    std::fs::write(package.path("kernels/offset.hip"), OFFSET_SOURCE).unwrap();
+    let error = hkpack::build(&package.options()).unwrap_err().to_string();
+    assert_contains(
+        &error,
+        &[
+            "twin.toml:3:8",
+            "module `scale` is also named by",
+            "scale.toml",
+            "module names must be unique",
+        ],
+    );
+    assert_eq!(snapshot(&report.bundle), before);
+}
+
+#[test]
+fn a_build_removes_what_killed_builds_left_and_nothing_a_running_one_holds() {
+    let package = TempPackage::new(&["gfx942"], &[("scale", SCALE_SOURCE, SCALE_MANIFEST)]);
+    let dist = package.path("dist");
+    std::fs::create_dir_all(&dist).unwrap();
+    // What killed builds leave: folders whose lock files nobody holds, a lock file whose
+    // folder was already removed, and a folder from before lock files.
+    for name in [".staging-killed", ".retired-killed"] {
+        std::fs::create_dir_all(dist.join(name).join("bundle")).unwrap();
+        std::fs::write(dist.join(format!("{name}.lock")), "").unwrap();
+    }
+    std::fs::write(dist.join(".staging-halfway.lock"), "").unwrap();
+    std::fs::create_dir(dist.join(".retired-old")).unwrap();
+    // A build running beside this one holds its lock.
+    std::fs::create_dir(dist.join(".staging-running")).unwrap();
+    let running = std::fs::File::create(dist.join(".staging-running.lock")).unwrap();
+    running.lock().unwrap();
+
+    build_ok(&package.options());
+    let mut left: Vec<String> = std::fs::read_dir(&dist)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [".staging-running", ".staging-running.lock", "mini-0.1.0"]
+    );
+
+    // Once that build is gone too, the next build removes its folder.
+    drop(running);
+    build_ok(&package.options());
+    let left: Vec<_> = std::fs::read_dir(&dist).unwrap().collect();
+    assert_eq!(left.len(), 1);
+}
+
+#[test]
 fn package_errors_name_the_file_and_line() {
     let package = TempPackage::new(
         &["gfx942", "sm_75x"],
@@ -414,6 +496,89 @@ fn signature_mismatches_fail_naming_kernel_target_and_argument() {
         &build_err(&package),
         &["kernel `scale` on sm_90: argument 2 `a: f64`"],
     );
+}
+
+/// A kernel whose parameters the layout alone cannot tell apart from others of their size.
+const TYPED_SOURCE: &str = r#"
+#include "mini.h"
+KERNEL void typed(__bf16* out, const float* x, unsigned long n, int k) {
+    unsigned i = THREAD_X();
+    if (i < n) out[i] = (__bf16)(x[i] * k);
+}
+"#;
+
+const TYPED_MANIFEST: &str = r#"
+[module]
+name = "typed"
+source = "../kernels/typed.hip"
+
+[[kernel]]
+symbol = "typed"
+args = ["out: *mut bf16", "x: *const f32", "n: u64", "k: i32"]
+"#;
+
+#[test]
+fn exact_types_and_constness_are_checked_against_the_source() {
+    // Each built before: the compiled layout has the same sizes and kinds.
+    let cases: [(&str, &str, &str); 5] = [
+        (
+            "\"n: u64\"",
+            "\"n: f64\"",
+            "argument 2 `n: f64` is declared `f64` but the kernel's parameter is `unsigned long` (`u64`)",
+        ),
+        (
+            "\"out: *mut bf16\"",
+            "\"out: *mut f32\"",
+            "argument 0 `out: *mut f32` is declared `*mut f32` but the kernel's parameter is `__bf16 *` (`*mut bf16`)",
+        ),
+        (
+            "\"k: i32\"",
+            "\"k: u32\"",
+            "argument 3 `k: u32` is declared `u32` but the kernel's parameter is `int` (`i32`)",
+        ),
+        (
+            "\"x: *const f32\"",
+            "\"x: *const f16\"",
+            "argument 1 `x: *const f16` is declared `*const f16` but the kernel's parameter is `const float *` (`*const f32`)",
+        ),
+        (
+            "\"out: *mut bf16\"",
+            "\"out: *const bf16\"",
+            "argument 0 `out: *const bf16` is declared `*const bf16` but the kernel's parameter is `__bf16 *`, which it may write through: declare it `*mut bf16`, or make the parameter `const`",
+        ),
+    ];
+    for (right, wrong, expected) in cases {
+        let manifest = TYPED_MANIFEST.replace(right, wrong);
+        assert_ne!(manifest, TYPED_MANIFEST);
+        let package = TempPackage::new(&["gfx942", "sm_90"], &[("typed", TYPED_SOURCE, &manifest)]);
+        let error = build_err(&package);
+        for target in ["gfx942", "sm_90"] {
+            assert_contains(
+                &error,
+                &[&format!("kernel `typed` on {target}: {expected}")],
+            );
+        }
+    }
+
+    // A `*mut` that the kernel cannot write builds, with a warning.
+    let manifest = TYPED_MANIFEST.replace("\"x: *const f32\"", "\"x: *mut f32\"");
+    let package = TempPackage::new(&["gfx942", "sm_90"], &[("typed", TYPED_SOURCE, &manifest)]);
+    let report = build_ok(&package.options());
+    assert_eq!(report.warnings.len(), 2, "{:?}", report.warnings);
+    for (warning, target) in report.warnings.iter().zip(["gfx942", "sm_90"]) {
+        assert_eq!(
+            warning,
+            &format!(
+                "kernel `typed` on {target}: argument 1 `x: *mut f32` is never written: the \
+                 kernel's parameter is `const float *`; declare it `*const f32`"
+            )
+        );
+    }
+    let package = TempPackage::new(
+        &["gfx942", "sm_90"],
+        &[("typed", TYPED_SOURCE, TYPED_MANIFEST)],
+    );
+    assert!(build_ok(&package.options()).warnings.is_empty());
 }
 
 #[test]

@@ -13,7 +13,7 @@ use hk_tests::kernels::all_cases;
 use hkload::abi::{ParamType, ScalarType, ScalarValue};
 use hkload::driver::{ImageKind, LaunchDims, Recorded, RecordingDriver, StreamHandle};
 use hkload::index::Index;
-use hkload::manifest::{FORMAT_VERSION, ModuleAbi};
+use hkload::manifest::{BundleManifest, FORMAT_VERSION, ModuleAbi};
 use hkload::target::TargetId;
 use hkload::{Arg, Bundle, Device, Error, LaunchError, OpenOptions};
 use rand::SeedableRng;
@@ -608,53 +608,105 @@ fn every_damaged_byte_and_every_truncation_is_an_error() {
 }
 
 #[test]
-fn a_bundle_without_its_index_reads_its_toml_files_and_checks_them() {
+fn a_bundle_without_its_index_is_refused() {
+    // Nothing vouches for bundle.toml: with the index gone and a cubin's target renamed in
+    // it, the bundle once opened and `inspect` printed the altered facts.
     let (_package, dir) = small_bundle(false);
-    let read = |name: &str| leak(std::fs::read(dir.join(name)).unwrap());
-    let (manifest, module, abi) = (
-        read("bundle.toml"),
-        read("scale.hipfb"),
-        read("scale.abi.toml"),
+    std::fs::remove_file(dir.join("bundle.msgpack")).unwrap();
+    let manifest = std::fs::read_to_string(dir.join("bundle.toml")).unwrap();
+    let renamed = manifest.replace(
+        "cuda-nvptx64-nvidia-cuda-sm_90",
+        "cuda-nvptx64-nvidia-cuda-sm_80",
     );
-    let try_load = |abi, options| {
-        load_everywhere(
-            &[
-                ("bundle.toml", manifest),
-                ("scale.hipfb", module),
-                ("scale.abi.toml", abi),
-            ],
-            options,
-        )
-    };
-    try_load(abi, OpenOptions::default()).unwrap();
-
-    // The same records either way.
-    let from_index = Bundle::open(&dir).unwrap();
-    let from_toml = Bundle::from_bytes(
-        &[("bundle.toml", manifest), ("scale.abi.toml", abi)],
-        OpenOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(
-        from_index.manifest().unwrap(),
-        from_toml.manifest().unwrap()
-    );
-    assert_eq!(
-        from_index.kernel_records().unwrap(),
-        from_toml.kernel_records().unwrap()
-    );
-
-    // The ABI file: any change is caught by its hash, and never panics without one.
-    for at in 0..abi.len() {
-        let mut damaged = abi.to_vec();
-        damaged[at] ^= 0x5a;
-        let damaged = leak(damaged);
+    assert_ne!(renamed, manifest);
+    std::fs::write(dir.join("bundle.toml"), &renamed).unwrap();
+    let missing = "the bundle's index is missing";
+    for options in [OpenOptions::default(), UNVERIFIED] {
+        let error = Bundle::open_with(&dir, options).unwrap_err().to_string();
         assert!(
-            try_load(damaged, OpenOptions::default()).is_err(),
-            "a change at byte {at} of the ABI file went unnoticed"
+            error.contains(missing) && error.contains("hkpack build"),
+            "{error}"
         );
-        let _ = try_load(damaged, UNVERIFIED);
     }
+    let files = [
+        ("bundle.toml", leak(renamed.into_bytes())),
+        (
+            "scale.hipfb",
+            leak(std::fs::read(dir.join("scale.hipfb")).unwrap()),
+        ),
+    ];
+    let error = Bundle::from_bytes(&files, OpenOptions::default()).unwrap_err();
+    assert!(error.to_string().contains(missing), "{error}");
+}
+
+#[test]
+fn an_empty_kernel_record_far_outside_the_index_is_refused_even_with_its_digest_redone() {
+    // The index's digest is unkeyed: anyone can redo it. A kernel record of no bytes at a huge
+    // offset passed the lookup table's check and then panicked when the kernel was used.
+    let (_package, dir) = small_bundle(false);
+    let mut index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
+    let len = index.len();
+    // The table's layout (index/lookup.rs): a 40-byte header whose last five numbers count
+    // ID rows (8 bytes each), module rows (41), entry rows (44), kernel rows (16) and text;
+    // the footer's first four bytes give the table's size.
+    let table = len - u32::from_le_bytes(index[len - 8..len - 4].try_into().unwrap()) as usize;
+    let count =
+        |at: usize| u32::from_le_bytes(index[table + at..table + at + 4].try_into().unwrap());
+    let (ids, modules, entries) = (count(20), count(24), count(28));
+    let first_kernel =
+        table + 40 + 8 * ids as usize + 41 * modules as usize + 44 * entries as usize;
+    let record = first_kernel + 8;
+    index[record..record + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    index[record + 4..record + 8].copy_from_slice(&0u32.to_le_bytes());
+    // The digest redone: over the version string (4 bytes) and all that follows the digest.
+    let digest = sha2::Sha256::new()
+        .chain_update(&index[..4])
+        .chain_update(&index[38..])
+        .finalize();
+    index[6..38].copy_from_slice(&digest);
+
+    let index = leak(index);
+    for options in [OpenOptions::default(), UNVERIFIED] {
+        let error = Bundle::from_bytes(&[("bundle.msgpack", index)], options).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("a kernel's record lies outside the index's records"),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn a_damaged_format_version_reads_as_damage() {
+    let (_package, dir) = small_bundle(false);
+    let index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
+    // The version string is a MessagePack fixstr at the file's start: 0xa3, then `1.3`.
+    let version = [&[0xa3][..], FORMAT_VERSION.to_string().as_bytes()].concat();
+    assert_eq!(index[..4], version);
+    let with_version = |text: &[u8; 3]| leak([&[0xa3][..], text, &index[4..]].concat());
+    let open = |index, options| {
+        Bundle::from_bytes(&[("bundle.msgpack", index)], options)
+            .map(drop)
+            .unwrap_err()
+            .to_string()
+    };
+    // Verified, any change to the version is damage, not a format this hkload cannot read.
+    for text in [b"9.3", b"0.3", b"1.2", b"1.4", b"1,3"] {
+        let error = open(with_version(text), OpenOptions::default());
+        assert!(error.contains("SHA-256 does not match"), "{error}");
+    }
+    // Unverified, the version is taken at its word, and says which way it is off.
+    let error = open(with_version(b"9.3"), UNVERIFIED);
+    assert!(
+        error.contains("bundle format 9.3 is newer than this hkload reads"),
+        "{error}"
+    );
+    let error = open(with_version(b"0.3"), UNVERIFIED);
+    assert!(
+        error.contains("bundle format 0.3 is older than any this hkload reads"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -734,8 +786,7 @@ fn a_newer_format_and_a_missing_file_are_clear_errors() {
         "format_version = \"2.0\"",
     );
     assert_ne!(newer, manifest);
-    let error =
-        Bundle::from_bytes(&[("bundle.toml", leak(newer.into_bytes()))], UNVERIFIED).unwrap_err();
+    let error = BundleManifest::from_toml(&newer).unwrap_err();
     assert!(error.to_string().contains(&newer_major), "{error}");
 
     let index = Index::open(read("bundle.msgpack"), true).unwrap();
@@ -753,7 +804,7 @@ fn a_newer_format_and_a_missing_file_are_clear_errors() {
     assert!(
         error
             .to_string()
-            .contains("neither bundle.msgpack nor bundle.toml is there"),
+            .contains("is <embedded> a bundle folder made by `hkpack build`?"),
         "{error}"
     );
     let error = Bundle::open(dir.join("missing")).unwrap_err();

@@ -84,7 +84,7 @@ struct EntryRow {
 #[repr(C)]
 struct KernelRow {
     symbol: Span,
-    /// The kernel's record in the index file; empty in a table built from TOML files.
+    /// The kernel's record in the index file.
     record: Span,
 }
 
@@ -262,9 +262,8 @@ impl Table {
         Ok(table)
     }
 
-    /// The table for a bundle read from its TOML files (no `records`) or from an index older
-    /// than the table (its kernels' `records`, which lie within `index`), built from its
-    /// manifest.
+    /// The table for an index older than the table, built from its manifest and its kernels'
+    /// `records`, which lie within `index`.
     pub fn build(
         manifest: &BundleManifest,
         records: &[Range<usize>],
@@ -375,9 +374,10 @@ impl Table {
         }
         for kernel in self.kernel_rows() {
             text_ok(kernel.symbol)?;
+            // An empty record is checked too: it is still sliced out of the file.
             let record = range(kernel.record);
             let inside = records.start <= record.start && record.end <= records.end;
-            if !record.is_empty() && !inside {
+            if !inside {
                 return Err(damaged(
                     "a kernel's record lies outside the index's records",
                 ));
@@ -666,6 +666,9 @@ mod tests {
         refused("unknown ID", &|b| rows::<EntryRow>(b, 2)[0].id = 3.into());
         refused("record outside", &|b| {
             rows::<KernelRow>(b, 3)[0].record.start = 990.into();
+        });
+        refused("empty record far outside", &|b| {
+            rows::<KernelRow>(b, 3)[0].record = span(u32::MAX as usize, 0);
         });
         refused("bad entry ID", &|b| {
             // The first ID's text, `hipv4-…`, made `hipv5-…`.

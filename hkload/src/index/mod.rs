@@ -11,10 +11,13 @@
 //!
 //! The file is four MessagePack values in a row:
 //!
-//! 1. the format version as a string (`"1.2"`), read alone first so that a newer major format
+//! 1. the format version as a string (`"1.3"`), read alone first so that a newer major format
 //!    is refused with a clear message;
-//! 2. the SHA-256 of the rest of the file, as a 32-byte binary: the index is the root every
-//!    other hash hangs from, so corruption in it is caught when hashes are verified;
+//! 2. the SHA-256 of everything else in the file (since 1.3 the version string too; before,
+//!    what follows the digest), as a 32-byte binary: the index is the root every other hash
+//!    hangs from, so corruption in it is caught when hashes are verified. These two values
+//!    are the envelope of every format, newer majors included: the digest is checked before
+//!    the version is judged, so a damaged version reads as damage, not as a newer format;
 //! 3. the records: an array of the [`BundleManifest`] (structs written as arrays) and, per
 //!    module in manifest order, an array with each kernel's [`KernelRecord`] (its signature and
 //!    per-target ABI) as a MessagePack binary, in the module's kernel order, left where it lies
@@ -43,6 +46,10 @@ pub const INDEX_FILE: &str = "bundle.msgpack";
 
 /// The first format whose index has a lookup table.
 const TABLE_SINCE: u32 = 2;
+
+/// The first format whose digest covers its version string too. Indexes of 1.1 and 1.2 still
+/// open; their digest covers what follows it.
+const VERSION_DIGESTED_SINCE: u32 = 3;
 
 /// An opened index: its lookup table checked, the manifest and the kernels' records left
 /// encoded where they lie until asked for.
@@ -77,17 +84,16 @@ impl Index {
                     .collect()
             })
             .collect();
-        let mut bytes = compact(&manifest.format_version);
+        let version = compact(&manifest.format_version);
         // The digest's size does not depend on its value: the records' place is known now.
-        let start = bytes.len() + compact(Bytes::new(&[0; 32])).len();
+        let start = version.len() + compact(Bytes::new(&[0; 32])).len();
         let mut rest = compact(&(manifest, kernels));
         let (_, records) = decode_records(&rest, start)
             .expect("records just encoded from a valid manifest decode again");
         rest.extend(compact(Bytes::new(&Table::encode(manifest, &records))));
-        let digest: [u8; 32] = Sha256::digest(&rest).into();
-        bytes.extend(compact(Bytes::new(&digest)));
-        bytes.extend(rest);
-        bytes
+        let digest = Sha256::new().chain_update(&version).chain_update(&rest);
+        let digest: [u8; 32] = digest.finalize().into();
+        [version, compact(Bytes::new(&digest)), rest].concat()
     }
 
     /// Opens an index, checking its hash when `verify` is set, and its lookup table. Nothing
@@ -98,17 +104,32 @@ impl Index {
         let bytes = Arc::new(bytes.into());
         let mut rest = &bytes[..];
         let mut header = rmp_serde::Deserializer::new(&mut rest);
-        let version = FormatVersion::deserialize(&mut header).map_err(syntax)?;
+        // The envelope first, the version judged only once the digest vouches for it.
+        let version_text = String::deserialize(&mut header).map_err(syntax)?;
+        let version_end = bytes.len() - header.get_ref().len();
+        let digest = ByteBuf::deserialize(&mut header).map_err(syntax)?;
+        let records = bytes.len() - rest.len();
+        let version = version_text.parse::<FormatVersion>();
+        if verify {
+            let mut hasher = Sha256::new();
+            let before_1_3 =
+                matches!(version, Ok(v) if v.major == 1 && v.minor < VERSION_DIGESTED_SINCE);
+            if !before_1_3 {
+                hasher.update(&bytes[..version_end]);
+            }
+            hasher.update(&bytes[records..]);
+            if hasher.finalize().as_slice() != digest.as_slice() {
+                return Err(ManifestError::Invalid(
+                    "the index's SHA-256 does not match its contents: the file is damaged; \
+                     rebuild the bundle with `hkpack build`"
+                        .into(),
+                ));
+            }
+        }
+        let version = version.map_err(|e| ManifestError::Syntax(format!("index: {e}")))?;
         if version.major != FORMAT_VERSION.major {
             return Err(ManifestError::UnsupportedFormat(version));
         }
-        let digest = ByteBuf::deserialize(&mut header).map_err(syntax)?;
-        if verify && Sha256::digest(rest).as_slice() != digest.as_slice() {
-            return Err(ManifestError::Invalid(
-                "the index's SHA-256 does not match its contents: the file is damaged".into(),
-            ));
-        }
-        let records = bytes.len() - rest.len();
         let (table, manifest) = if version.minor < TABLE_SINCE {
             let (manifest, kernels) = decode_manifest(&bytes, records, version)?;
             let table = Table::build(&manifest, &kernels, records..bytes.len())?;
@@ -162,7 +183,13 @@ impl Index {
         slot.get_or_init(|| {
             // Looked up only to decode: a record already decoded needs nothing from the table.
             let (symbol, range) = self.table.kernel(row).ok_or_else(no_row)?;
-            let record: KernelRecord = rmp_serde::from_slice(&self.bytes[range]).map_err(syntax)?;
+            // The table's check put the range inside the records; `get` keeps a slip here an
+            // error rather than a panic.
+            let bytes = self
+                .bytes
+                .get(range)
+                .ok_or_else(|| lookup::damaged("a kernel's record lies outside the file"))?;
+            let record: KernelRecord = rmp_serde::from_slice(bytes).map_err(syntax)?;
             if record.symbol != symbol {
                 return Err(ManifestError::Invalid(format!(
                     "the index holds kernel `{}` where its lookup table lists `{symbol}`",
