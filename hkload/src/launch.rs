@@ -323,19 +323,19 @@ impl ArgLayout {
                     },
                 }
             })?;
-            if let (Arg::Scalar(value), Some(slot)) = (arg, values.get_mut(index)) {
-                if value.ty().is_integer() {
-                    *slot = value.as_i64().ok_or_else(|| LaunchError::Contract {
-                        kernel: kernel.to_owned(),
-                        detail: format!(
-                            "argument `{param}` is {}, above the 64-bit signed range the contract computes in",
-                            match value {
-                                ScalarValue::U64(v) => v.to_string(),
-                                other => format!("{other:?}"),
-                            }
-                        ),
-                    })?;
-                }
+            if let (Arg::Scalar(value), Some(slot)) = (arg, values.get_mut(index))
+                && value.ty().is_integer()
+            {
+                *slot = value.as_i64().ok_or_else(|| LaunchError::Contract {
+                    kernel: kernel.to_owned(),
+                    detail: format!(
+                        "argument `{param}` is {}, above the 64-bit signed range the contract computes in",
+                        match value {
+                            ScalarValue::U64(v) => v.to_string(),
+                            other => format!("{other:?}"),
+                        }
+                    ),
+                })?;
             }
             let start = *offset as usize;
             let size = param.ty.size() as usize;
