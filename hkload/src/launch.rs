@@ -415,15 +415,17 @@ impl ArgLayout {
                 Err(error) => return Err(fail(error, &mut run)),
             },
         };
+        // Every extent first, so that one that cannot be computed is reported before a
+        // buffer too short for another.
         let mut extents = [0u64; MAX_PARAMS];
-        for (index, ((param, _), arg)) in self.params.iter().zip(args).enumerate() {
-            let needed = match run.extent(index, &param.name) {
-                Ok(Some(needed)) => needed,
-                Ok(None) => continue,
+        for (index, (param, _)) in self.params.iter().enumerate() {
+            match run.extent(index, &param.name) {
+                Ok(needed) => extents[index] = needed.unwrap_or(0),
                 Err(error) => return Err(fail(error, &mut run)),
-            };
-            extents[index] = needed;
-            let given = arg.len().unwrap_or(0);
+            }
+        }
+        for (index, ((param, _), arg)) in self.params.iter().zip(args).enumerate() {
+            let (needed, given) = (extents[index], arg.len().unwrap_or(0));
             if (given as u64) < needed {
                 let extent = contract
                     .extents

@@ -371,3 +371,46 @@ fn contract_errors_are_build_errors_at_their_position() {
         }
     }
 }
+
+/// Arguments are computed with in 64-bit signed integers: a `u64` above `i64::MAX` is refused,
+/// as is a size that overflows on the way, each naming what.
+#[test]
+fn values_outside_the_contracts_range_are_refused() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    let (driver, device) = simulated("sm_80");
+    let error = call(&bundle, &device, "silu_f32", &[("n", u64::MAX)], 16).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("`n: u64` is 18446744073709551615, above the 64-bit signed range"),
+        "{error}"
+    );
+    let error = call(&bundle, &device, "silu_f32", &[("n", 1 << 62)], 16).unwrap_err();
+    assert!(
+        matches!(error, Error::Launch(LaunchError::Extent { needed, .. }) if needed == 1 << 62),
+        "{error}"
+    );
+    let most = u64::from(u32::MAX);
+    let error = call(
+        &bundle,
+        &device,
+        "topk_f32",
+        &[("rows", most), ("n", most), ("k", 1)],
+        16,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains(
+            "the extent of `x` cannot be computed: 4294967295 * 4294967295 does not fit in 64 bits"
+        ),
+        "{error}"
+    );
+    assert!(
+        !driver
+            .log()
+            .iter()
+            .any(|r| matches!(r, Recorded::Launch { .. }))
+    );
+}
