@@ -22,6 +22,11 @@ pub enum Error {
     Targets(#[from] hkload::target::CompositionError),
     #[error("{} of the build's jobs failed:\n{}", .0.len(), list(.0))]
     Jobs(Vec<JobError>),
+    #[error("cannot extract from {}: {detail}", bundle.display())]
+    Extract {
+        bundle: std::path::PathBuf,
+        detail: String,
+    },
 }
 
 /// One failed job: its name (`rmsnorm for gfx942`) and what went wrong, compiler

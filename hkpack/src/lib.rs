@@ -16,6 +16,7 @@ pub mod probe;
 pub mod signature;
 pub mod staging;
 pub mod toolchain;
+pub mod verify;
 
 pub use build::{BuildOptions, BuildReport, build};
 pub use error::Error;

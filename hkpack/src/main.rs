@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use hkload::Bundle;
 use hkload::target::TargetId;
 use hkpack::toolchain::ToolPaths;
-use hkpack::{BuildOptions, inspect};
+use hkpack::{BuildOptions, inspect, verify};
 
 /// Compile GPU kernels ahead of time for AMD and NVIDIA targets into versioned bundles.
 #[derive(Parser)]
@@ -31,6 +31,33 @@ enum Command {
         /// Print JSON instead of a table (with every kernel's launch contract).
         #[arg(long)]
         json: bool,
+    },
+    /// Check every file of a bundle against the digests its index records; exit 1 if any is
+    /// damaged.
+    Verify {
+        /// The bundle folder (holding bundle.msgpack).
+        bundle: PathBuf,
+        /// Print JSON instead of a line per file.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write one code image of a bundle (AMD code object, cubin or PTX) to a file, checked
+    /// against its SHA-256, for LLVM's and NVIDIA's own tools.
+    Extract {
+        /// The bundle folder (holding bundle.msgpack).
+        bundle: PathBuf,
+        /// The module holding the image.
+        #[arg(long)]
+        module: String,
+        /// The build target whose native image to write (gfx942, sm_90).
+        #[arg(long, conflicts_with = "entry", required_unless_present = "entry")]
+        target: Option<TargetId>,
+        /// An exact entry ID instead (cuda-nvptx64-nvidia-cuda-compute_90 for PTX).
+        #[arg(long)]
+        entry: Option<String>,
+        /// The file to write.
+        #[arg(short, long)]
+        output: PathBuf,
     },
     /// Explain which code object of each module a device would run, and why the others not.
     Explain {
@@ -139,6 +166,38 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
                 }
             }
             Ok(module_files_verdict(&bundle, &dir)?)
+        }
+        Command::Verify { bundle: dir, json } => {
+            let verdicts = verify::verify(&dir);
+            emit(&if json {
+                to_json(&verdicts)
+            } else {
+                verify::report(&dir, &verdicts)
+            });
+            Ok(if verdicts.iter().all(|v| v.intact) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Extract {
+            bundle,
+            module,
+            target,
+            entry,
+            output,
+        } => {
+            let pick = match (target, entry) {
+                (Some(target), _) => verify::Pick::Target(target),
+                (None, Some(entry)) => verify::Pick::Entry(entry),
+                (None, None) => unreachable!("clap requires one of --target and --entry"),
+            };
+            let written = verify::extract(&bundle, &module, &pick, &output)?;
+            eprintln!(
+                "wrote {written} of module `{module}` to {}",
+                output.display()
+            );
+            Ok(ExitCode::SUCCESS)
         }
         Command::Explain {
             bundle: dir,

@@ -267,3 +267,117 @@ fn inspect_and_explain_fail_on_damaged_module_files() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("scale.hipfb cannot be read"));
 }
+
+#[test]
+fn verify_names_each_damaged_file_and_extract_writes_checked_images() {
+    let root = tempfile::tempdir().unwrap();
+    package(root.path());
+    let build = hkpack(root.path(), &["build", "--quiet"]);
+    assert!(build.status.success(), "{}", text(&build.stderr));
+    let dir = root.path().join("dist/cli-1.2.3");
+
+    let verify = hkpack(root.path(), &["verify", "dist/cli-1.2.3"]);
+    assert!(verify.status.success(), "{}", text(&verify.stdout));
+    let out = text(&verify.stdout);
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("ok ")).count(),
+        4,
+        "{out}"
+    );
+    assert!(out.ends_with("every file matches its index\n"), "{out}");
+
+    // One byte changed in each file in turn: that file, and only it, is damaged.
+    for file in [
+        "scale.hipfb",
+        "scale.abi.toml",
+        "bundle.toml",
+        "bundle.msgpack",
+    ] {
+        let path = dir.join(file);
+        let original = std::fs::read(&path).unwrap();
+        let mut damaged = original.clone();
+        let at = damaged.len() - 2;
+        damaged[at] ^= 0x01;
+        std::fs::write(&path, &damaged).unwrap();
+        let verify = hkpack(root.path(), &["verify", "dist/cli-1.2.3", "--json"]);
+        assert_eq!(verify.status.code(), Some(1), "{file}");
+        let json: serde_json::Value = serde_json::from_slice(&verify.stdout).unwrap();
+        let bad: Vec<&str> = json
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v["intact"] == false)
+            .map(|v| v["file"].as_str().unwrap())
+            .collect();
+        assert_eq!(bad, [file], "{json}");
+        std::fs::write(&path, &original).unwrap();
+    }
+
+    let code_object = root.path().join("scale-gfx942.co");
+    let extract = hkpack(
+        root.path(),
+        &[
+            "extract",
+            "dist/cli-1.2.3",
+            "--module",
+            "scale",
+            "--target",
+            "gfx942",
+            "-o",
+            "scale-gfx942.co",
+        ],
+    );
+    assert!(extract.status.success(), "{}", text(&extract.stderr));
+    let notes = Command::new(llvm_readelf())
+        .arg("--notes")
+        .arg(&code_object)
+        .output()
+        .unwrap();
+    assert!(notes.status.success());
+    assert!(
+        text(&notes.stdout).contains(".name:           scale"),
+        "{}",
+        text(&notes.stdout)
+    );
+
+    let extract = hkpack(
+        root.path(),
+        &[
+            "extract",
+            "dist/cli-1.2.3",
+            "--module",
+            "scale",
+            "--target",
+            "gfx950",
+            "-o",
+            "x",
+        ],
+    );
+    assert_eq!(extract.status.code(), Some(1));
+    assert!(
+        text(&extract.stderr).contains("has no such entry; it has hipv4-amdgcn-amd-amdhsa--gfx90a")
+    );
+    let extract = hkpack(
+        root.path(),
+        &[
+            "extract",
+            "dist/cli-1.2.3",
+            "--module",
+            "nope",
+            "--target",
+            "gfx942",
+            "-o",
+            "x",
+        ],
+    );
+    assert!(text(&extract.stderr).contains("no module `nope`; it has scale"));
+}
+
+/// llvm-readelf from Debian's LLVM, as the build found clang.
+fn llvm_readelf() -> std::path::PathBuf {
+    (14..=30)
+        .rev()
+        .map(|v| std::path::PathBuf::from(format!("/usr/lib/llvm-{v}/bin/llvm-readelf")))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| "llvm-readelf".into())
+}

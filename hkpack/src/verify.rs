@@ -1,0 +1,231 @@
+//! `hkpack verify`: every digest a bundle records, checked against its files, one verdict a
+//! file. The index (`bundle.msgpack`) is the root: its own SHA-256 covers every record, and
+//! its records give each module file's size and SHA-256, each code image's, and each ABI file's.
+//! The readable copies (`bundle.toml`, the ABI files) must say what the index says.
+//!
+//! `hkpack extract`: one code image of a bundle, checked, as a file for LLVM's and NVIDIA's own
+//! tools.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use hkload::index::{INDEX_FILE, Index};
+use hkload::manifest::{BundleManifest, MANIFEST_FILE, ModuleAbi, ModuleRecord, Sha256Digest};
+use hkload::offload;
+use hkload::target::{EntryId, TargetId};
+
+use crate::error::Error;
+
+/// What one file of the bundle was found to be.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileVerdict {
+    pub file: String,
+    pub intact: bool,
+    /// What was checked, or what is wrong.
+    pub detail: String,
+}
+
+/// Checks every file of the bundle folder `dir` against its index. The verdicts come in file
+/// order: the index, `bundle.toml`, then each module's file and ABI file. An index that fails
+/// its own digest ends the check there: nothing else can be trusted.
+pub fn verify(dir: &Path) -> Vec<FileVerdict> {
+    let mut verdicts = Vec::new();
+    let verdict = |file: &str, result: Result<String, String>| FileVerdict {
+        file: file.to_owned(),
+        intact: result.is_ok(),
+        detail: result.unwrap_or_else(|e| e),
+    };
+    let opened = std::fs::read(dir.join(INDEX_FILE))
+        .map_err(|e| format!("cannot be read: {e}"))
+        .and_then(|bytes| Index::open(bytes, true).map_err(|e| e.to_string()))
+        .and_then(|index| {
+            let manifest = index.manifest().map_err(|e| e.to_string())?.clone();
+            Ok((index, manifest))
+        });
+    let (index, manifest) = match opened {
+        Ok(opened) => opened,
+        Err(problem) => {
+            verdicts.push(verdict(INDEX_FILE, Err(problem)));
+            return verdicts;
+        }
+    };
+    verdicts.push(verdict(
+        INDEX_FILE,
+        Ok(format!(
+            "its SHA-256 covers {} modules of format {}",
+            manifest.modules.len(),
+            manifest.format_version
+        )),
+    ));
+    verdicts.push(verdict(MANIFEST_FILE, readable_manifest(dir, &manifest)));
+    for (i, module) in manifest.modules.iter().enumerate() {
+        verdicts.push(verdict(&module.file, module_file(dir, module)));
+        let abi = index.module_abi(i).map_err(|e| e.to_string());
+        verdicts.push(verdict(
+            &module.abi_file,
+            abi.and_then(|abi| abi_file(dir, module, &abi)),
+        ));
+    }
+    verdicts
+}
+
+/// `bundle.toml` must hold the records of the index.
+fn readable_manifest(dir: &Path, manifest: &BundleManifest) -> Result<String, String> {
+    let text = std::fs::read_to_string(dir.join(MANIFEST_FILE))
+        .map_err(|e| format!("cannot be read: {e}"))?;
+    let read = BundleManifest::from_toml(&text).map_err(|e| e.to_string())?;
+    if &read == manifest {
+        Ok("holds the index's records".into())
+    } else {
+        Err("does not hold the index's records: it was edited after the build".into())
+    }
+}
+
+/// The module file's size and SHA-256, and each code image's.
+fn module_file(dir: &Path, module: &ModuleRecord) -> Result<String, String> {
+    let bytes =
+        std::fs::read(dir.join(&module.file)).map_err(|e| format!("cannot be read: {e}"))?;
+    if bytes.len() as u64 != module.size {
+        return Err(format!(
+            "is {} bytes, the index says {}",
+            bytes.len(),
+            module.size
+        ));
+    }
+    let found = Sha256Digest::of(&bytes);
+    if found != module.sha256 {
+        return Err(format!(
+            "has SHA-256 {found}, the index says {}",
+            module.sha256
+        ));
+    }
+    for entry in &module.entries {
+        let image = offload::extract_entry(&bytes, &entry.id.to_string())
+            .map_err(|e| format!("entry {}: {e}", entry.id))?;
+        check_image(&image, entry.id, entry.size, &entry.sha256)?;
+    }
+    Ok(format!(
+        "{} bytes and {} code images match their SHA-256",
+        bytes.len(),
+        module.entries.len()
+    ))
+}
+
+fn check_image(image: &[u8], id: EntryId, size: u64, sha256: &Sha256Digest) -> Result<(), String> {
+    if image.len() as u64 != size {
+        return Err(format!(
+            "entry {id} is {} bytes, the index says {size}",
+            image.len()
+        ));
+    }
+    let found = Sha256Digest::of(image);
+    if &found != sha256 {
+        return Err(format!(
+            "entry {id} has SHA-256 {found}, the index says {sha256}"
+        ));
+    }
+    Ok(())
+}
+
+/// The ABI file's SHA-256, and its records against the index's.
+fn abi_file(dir: &Path, module: &ModuleRecord, abi: &ModuleAbi) -> Result<String, String> {
+    let text = std::fs::read_to_string(dir.join(&module.abi_file))
+        .map_err(|e| format!("cannot be read: {e}"))?;
+    let found = Sha256Digest::of(text.as_bytes());
+    if found != module.abi_sha256 {
+        return Err(format!(
+            "has SHA-256 {found}, the index says {}",
+            module.abi_sha256
+        ));
+    }
+    let read = ModuleAbi::from_toml(&text, module).map_err(|e| e.to_string())?;
+    if &read != abi {
+        return Err("does not hold the index's kernel records".into());
+    }
+    Ok(format!(
+        "holds the records of {} kernels",
+        abi.kernels.len()
+    ))
+}
+
+/// The verdicts as lines for people, the last one the bundle's: `ok` or `DAMAGED` and the file.
+pub fn report(dir: &Path, verdicts: &[FileVerdict]) -> String {
+    let width = verdicts.iter().map(|v| v.file.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for v in verdicts {
+        let status = if v.intact { "ok" } else { "DAMAGED" };
+        out.push_str(&format!("{status:<8} {:<width$}  {}\n", v.file, v.detail));
+    }
+    let damaged = verdicts.iter().filter(|v| !v.intact).count();
+    out.push_str(&if damaged == 0 {
+        format!("{}: every file matches its index\n", dir.display())
+    } else {
+        format!(
+            "{}: {damaged} file(s) damaged; rebuild the bundle with `hkpack build`\n",
+            dir.display()
+        )
+    });
+    out
+}
+
+/// Which code image `extract` writes.
+#[derive(Debug, Clone)]
+pub enum Pick {
+    /// The native image built for a target: the AMD code object, or the cubin for `sm_NN`.
+    Target(TargetId),
+    /// An exact entry ID (`cuda-nvptx64-nvidia-cuda-compute_90` for the PTX).
+    Entry(String),
+}
+
+/// Writes the code image `pick` of module `module` of the bundle `dir` to `out`, after checking
+/// its size and SHA-256 against the index. Returns the entry written.
+pub fn extract(dir: &Path, module: &str, pick: &Pick, out: &Path) -> Result<EntryId, Error> {
+    let invalid = |detail: String| Error::Extract {
+        bundle: dir.to_owned(),
+        detail,
+    };
+    let index = Index::open(
+        std::fs::read(dir.join(INDEX_FILE)).map_err(|e| invalid(format!("{INDEX_FILE}: {e}")))?,
+        true,
+    )
+    .map_err(|e| invalid(e.to_string()))?;
+    let manifest = index.manifest().map_err(|e| invalid(e.to_string()))?;
+    let record = manifest
+        .modules
+        .iter()
+        .find(|m| m.name == module)
+        .ok_or_else(|| {
+            let names: Vec<&str> = manifest.modules.iter().map(|m| m.name.as_str()).collect();
+            invalid(format!("no module `{module}`; it has {}", names.join(", ")))
+        })?;
+    let ids = || {
+        record
+            .entries
+            .iter()
+            .map(|e| e.id.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let entry = record
+        .entries
+        .iter()
+        .find(|e| match pick {
+            Pick::Target(target) => e.id.target() == *target && !matches!(e.id, EntryId::Ptx(_)),
+            Pick::Entry(id) => e.id.to_string() == *id,
+        })
+        .ok_or_else(|| {
+            invalid(format!(
+                "module `{module}` has no such entry; it has {}",
+                ids()
+            ))
+        })?;
+    let path: PathBuf = dir.join(&record.file);
+    let bytes = std::fs::read(&path).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+    let image: Cow<'_, [u8]> = offload::extract_entry(&bytes, &entry.id.to_string())
+        .map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+    check_image(&image, entry.id, entry.size, &entry.sha256).map_err(invalid)?;
+    std::fs::write(out, &image).map_err(|e| invalid(format!("{}: {e}", out.display())))?;
+    Ok(entry.id)
+}
