@@ -12,7 +12,6 @@ use serde::Serialize;
 use hkload::Bundle;
 use hkload::abi::Param;
 use hkload::contract::Contract;
-use hkload::manifest::Sha256Digest;
 use hkload::target::TargetId;
 
 /// One row of the inspection table.
@@ -214,25 +213,16 @@ impl fmt::Display for KernelView {
 /// damaged file: each must have the size and SHA-256 the manifest records for it. Empty when
 /// every file is intact.
 pub fn damaged_module_files(bundle: &Bundle, dir: &Path) -> Result<Vec<String>, hkload::Error> {
-    let mut damaged = Vec::new();
-    for module in &bundle.manifest()?.modules {
-        let path = dir.join(&module.file);
-        let problem = match std::fs::read(&path) {
-            Err(e) => Some(format!("cannot be read: {e}")),
-            Ok(bytes) if bytes.len() as u64 != module.size => Some(format!(
-                "is {} bytes, the manifest says {}",
-                bytes.len(),
-                module.size
-            )),
-            Ok(bytes) => {
-                let found = Sha256Digest::of(&bytes);
-                (found != module.sha256)
-                    .then(|| format!("has SHA-256 {found}, the manifest says {}", module.sha256))
-            }
-        };
-        if let Some(problem) = problem {
-            damaged.push(format!("module file {} {problem}", path.display()));
-        }
-    }
-    Ok(damaged)
+    Ok(bundle
+        .manifest()?
+        .modules
+        .iter()
+        .filter_map(|module| {
+            crate::verify::module_file(dir, module)
+                .err()
+                .map(|problem| {
+                    format!("module file {} {problem}", dir.join(&module.file).display())
+                })
+        })
+        .collect())
 }

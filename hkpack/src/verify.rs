@@ -83,8 +83,9 @@ fn readable_manifest(dir: &Path, manifest: &BundleManifest) -> Result<String, St
     }
 }
 
-/// The module file's size and SHA-256, and each code image's.
-fn module_file(dir: &Path, module: &ModuleRecord) -> Result<String, String> {
+/// The module file's size and SHA-256, and each code image's (what `inspect` and `explain`
+/// check too).
+pub(crate) fn module_file(dir: &Path, module: &ModuleRecord) -> Result<String, String> {
     let bytes =
         std::fs::read(dir.join(&module.file)).map_err(|e| format!("cannot be read: {e}"))?;
     if bytes.len() as u64 != module.size {
