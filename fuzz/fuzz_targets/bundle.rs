@@ -32,6 +32,7 @@ fuzz_target!(|bytes: &[u8]| {
     std::fs::write(dir.join("bundle.msgpack"), index).expect("the fuzzer can write the index");
     let options = OpenOptions {
         verify_hashes: false,
+        ..OpenOptions::DEFAULT
     };
     let Ok(bundle) = Bundle::open_with(dir, options) else {
         return;

@@ -27,23 +27,42 @@ use crate::manifest::{
 };
 use crate::offload;
 use crate::select::{Selection, choose, select};
+use crate::signing::{PublicKey, SIGNATURE_FILE, SignatureError, SignatureFile};
 use crate::target::{EntryId, TargetId};
 
 /// How [`Bundle::open_with`] treats the files it reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenOptions {
     /// Check every byte hkload uses against its SHA-256 before using it: the index against
     /// its own digest, and each code image before it is loaded against the index's digest of
     /// that image. On by default; turning it off saves the hashing time at start-up and
-    /// trusts the files.
+    /// trusts the files. Trusted keys or a pinned digest turn it on whatever it says.
     pub verify_hashes: bool,
+    /// The keys of which one must have signed the bundle (its `bundle.sig`, see
+    /// [`crate::signing`]); empty, signatures are not looked at.
+    pub trusted_keys: Vec<PublicKey>,
+    /// The SHA-256 the index (`bundle.msgpack`) must have, as a lockfile pins a dependency:
+    /// every other byte hkload uses hangs from the index's digests.
+    pub expect_digest: Option<Sha256Digest>,
+}
+
+impl OpenOptions {
+    /// Hashes verified, no signature required, no pin.
+    pub const DEFAULT: Self = Self {
+        verify_hashes: true,
+        trusted_keys: Vec::new(),
+        expect_digest: None,
+    };
+
+    /// Whether every byte used is checked against a digest.
+    fn verifies(&self) -> bool {
+        self.verify_hashes || !self.trusted_keys.is_empty() || self.expect_digest.is_some()
+    }
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        Self {
-            verify_hashes: true,
-        }
+        Self::DEFAULT
     }
 }
 
@@ -152,7 +171,33 @@ impl Bundle {
                 detail,
             }
         })?;
-        let index = Index::open(bytes, options.verify_hashes).map_err(index_error(&origin))?;
+        if let Some(expected) = options.expect_digest {
+            let found = Sha256Digest::of(&bytes);
+            if found != expected {
+                return Err(Error::Pinned {
+                    path: index_path,
+                    expected: expected.to_string(),
+                    found: found.to_string(),
+                });
+            }
+        }
+        if !options.trusted_keys.is_empty() {
+            let signature_path = origin.join(SIGNATURE_FILE);
+            let signature = match source.read(&signature_path, SIGNATURE_FILE) {
+                Ok(text) => String::from_utf8(text.to_vec())
+                    .map_err(|_| SignatureError::Malformed("it is not UTF-8 text".into()))
+                    .and_then(|text| SignatureFile::from_toml(&text)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(SignatureError::Unsigned),
+                Err(e) => Err(SignatureError::Malformed(e.to_string())),
+            };
+            signature
+                .and_then(|file| file.check(&bytes, &options.trusted_keys))
+                .map_err(|source| Error::Signature {
+                    path: signature_path,
+                    source,
+                })?;
+        }
+        let index = Index::open(bytes, options.verifies()).map_err(index_error(&origin))?;
         let modules = index
             .table()
             .modules()
@@ -280,7 +325,27 @@ impl Bundle {
         let path = inner.origin.join(module.file());
         let bytes = inner.modules[index]
             .bytes
-            .get_or_init(|| open_module_file(&path, &module, &inner.source))
+            .get_or_init(|| {
+                let bytes = open_module_file(&path, &module, &inner.source)?;
+                // A signed bundle is checked whole, every byte of its module files too (they
+                // are small when compressed); otherwise only what reaches the driver, below.
+                if !inner.options.trusted_keys.is_empty() {
+                    let record =
+                        self.manifest()?
+                            .modules
+                            .get(index)
+                            .ok_or_else(|| Error::Mismatch {
+                                what: format!("module file {}", path.display()),
+                                detail: "the index's manifest does not list it".into(),
+                            })?;
+                    check_sha256(
+                        &bytes,
+                        &record.sha256,
+                        &format!("module file {}", path.display()),
+                    )?;
+                }
+                Ok(bytes)
+            })
             .as_ref()
             .map_err(Clone::clone)?;
         let id = entry.to_string();
@@ -307,7 +372,7 @@ impl Bundle {
         // The image alone is hashed, not the file: it is every byte that reaches the driver,
         // and a plain bundle is often several times larger than the one image a device needs.
         // The rest of the file is checked by its format (header, zero padding).
-        if inner.options.verify_hashes {
+        if inner.options.verifies() {
             check_sha256(&image, &expected.sha256, &what())?;
         }
         Ok(image)

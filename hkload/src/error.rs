@@ -14,6 +14,24 @@ pub enum Error {
     #[error("cannot read {}: {detail}", path.display())]
     Io { path: PathBuf, detail: String },
 
+    #[error("bundle signature {}: {source}", path.display())]
+    Signature {
+        path: PathBuf,
+        #[source]
+        source: crate::signing::SignatureError,
+    },
+
+    #[error(
+        "{} has SHA-256 {found}, but the bundle is pinned to {expected}: it is another build of the bundle, or was changed",
+        path.display()
+    )]
+    Pinned {
+        path: PathBuf,
+        /// Both digests in hex (as digests they would make every error twice as large).
+        expected: String,
+        found: String,
+    },
+
     #[error("bundle manifest {}: {source}", path.display())]
     Manifest {
         path: PathBuf,

@@ -114,6 +114,7 @@ mod launch;
 pub mod manifest;
 pub mod offload;
 pub mod select;
+pub mod signing;
 pub mod target;
 mod text;
 

@@ -22,6 +22,11 @@ pub enum Error {
     Targets(#[from] hkload::target::CompositionError),
     #[error("{} of the build's jobs failed:\n{}", .0.len(), list(.0))]
     Jobs(Vec<JobError>),
+    #[error("key file {}: {detail}", path.display())]
+    Key {
+        path: std::path::PathBuf,
+        detail: String,
+    },
     #[error("cannot extract from {}: {detail}", bundle.display())]
     Extract {
         bundle: std::path::PathBuf,

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use hkload::Bundle;
 use hkload::target::TargetId;
 use hkpack::toolchain::ToolPaths;
-use hkpack::{BuildOptions, inspect, verify};
+use hkpack::{BuildOptions, inspect, sign, verify};
 
 /// Compile GPU kernels ahead of time for AMD and NVIDIA targets into versioned bundles.
 #[derive(Parser)]
@@ -37,9 +37,26 @@ enum Command {
     Verify {
         /// The bundle folder (holding bundle.msgpack).
         bundle: PathBuf,
+        /// A public key file (from `hkpack keygen`) whose signature the bundle must carry;
+        /// repeat for several.
+        #[arg(long = "key")]
+        keys: Vec<PathBuf>,
         /// Print JSON instead of a line per file.
         #[arg(long)]
         json: bool,
+    },
+    /// Make an ed25519 key pair for signing bundles: <NAME>.key (secret) and <NAME>.pub.
+    Keygen {
+        /// The key pair's path without extension, e.g. keys/release.
+        name: PathBuf,
+    },
+    /// Sign a bundle's index with a secret key: writes bundle.sig beside it.
+    Sign {
+        /// The bundle folder (holding bundle.msgpack).
+        bundle: PathBuf,
+        /// The secret key file (from `hkpack keygen`).
+        #[arg(long)]
+        key: PathBuf,
     },
     /// Write one code image of a bundle (AMD code object, cubin or PTX) to a file, checked
     /// against its SHA-256, for LLVM's and NVIDIA's own tools.
@@ -167,8 +184,30 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
             }
             Ok(module_files_verdict(&bundle, &dir)?)
         }
-        Command::Verify { bundle: dir, json } => {
-            let verdicts = verify::verify(&dir);
+        Command::Keygen { name } => {
+            let key = sign::keygen(&name)?;
+            emit(&format!(
+                "wrote {} (keep it secret) and {}: {key}\n",
+                sign::secret_key_file(&name).display(),
+                sign::public_key_file(&name).display()
+            ));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Sign { bundle, key } => {
+            let key = sign::sign(&bundle, &key)?;
+            emit(&format!("signed {} with {key}\n", bundle.display()));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify {
+            bundle: dir,
+            keys,
+            json,
+        } => {
+            let keys = keys
+                .iter()
+                .map(|path| sign::read_public_key(path))
+                .collect::<Result<Vec<_>, _>>()?;
+            let verdicts = verify::verify(&dir, &keys);
             emit(&if json {
                 to_json(&verdicts)
             } else {

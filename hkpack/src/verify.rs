@@ -14,6 +14,7 @@ use serde::Serialize;
 use hkload::index::{INDEX_FILE, Index};
 use hkload::manifest::{BundleManifest, MANIFEST_FILE, ModuleAbi, ModuleRecord, Sha256Digest};
 use hkload::offload;
+use hkload::signing::{PublicKey, SIGNATURE_FILE, SignatureError, SignatureFile};
 use hkload::target::{EntryId, TargetId};
 
 use crate::error::Error;
@@ -27,10 +28,11 @@ pub struct FileVerdict {
     pub detail: String,
 }
 
-/// Checks every file of the bundle folder `dir` against its index. The verdicts come in file
-/// order: the index, `bundle.toml`, then each module's file and ABI file. An index that fails
-/// its own digest ends the check there: nothing else can be trusted.
-pub fn verify(dir: &Path) -> Vec<FileVerdict> {
+/// Checks every file of the bundle folder `dir` against its index, and with `keys` the index's
+/// signature. The verdicts come in file order: the index, its signature, `bundle.toml`, then
+/// each module's file and ABI file. An index that fails its own digest ends the check there:
+/// nothing else can be trusted.
+pub fn verify(dir: &Path, keys: &[PublicKey]) -> Vec<FileVerdict> {
     let mut verdicts = Vec::new();
     let verdict = |file: &str, result: Result<String, String>| FileVerdict {
         file: file.to_owned(),
@@ -51,6 +53,7 @@ pub fn verify(dir: &Path) -> Vec<FileVerdict> {
             return verdicts;
         }
     };
+    let signed = signature(dir, keys);
     verdicts.push(verdict(
         INDEX_FILE,
         Ok(format!(
@@ -59,6 +62,9 @@ pub fn verify(dir: &Path) -> Vec<FileVerdict> {
             manifest.format_version
         )),
     ));
+    if let Some(signed) = signed {
+        verdicts.push(verdict(SIGNATURE_FILE, signed));
+    }
     verdicts.push(verdict(MANIFEST_FILE, readable_manifest(dir, &manifest)));
     for (i, module) in manifest.modules.iter().enumerate() {
         verdicts.push(verdict(&module.file, module_file(dir, module)));
@@ -69,6 +75,34 @@ pub fn verify(dir: &Path) -> Vec<FileVerdict> {
         ));
     }
     verdicts
+}
+
+/// The signature's verdict: checked against `keys` if any are given, else only mentioned if
+/// there is one.
+fn signature(dir: &Path, keys: &[PublicKey]) -> Option<Result<String, String>> {
+    let text = match std::fs::read_to_string(dir.join(SIGNATURE_FILE)) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && keys.is_empty() => return None,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Some(Err(SignatureError::Unsigned.to_string()));
+        }
+        Err(e) => return Some(Err(format!("cannot be read: {e}"))),
+    };
+    let index = std::fs::read(dir.join(INDEX_FILE)).unwrap_or_default();
+    Some(
+        SignatureFile::from_toml(&text)
+            .and_then(|file| {
+                if keys.is_empty() {
+                    return Ok(format!(
+                        "by {}, not checked: give the keys to trust with --key",
+                        file.key
+                    ));
+                }
+                file.check(&index, keys)
+                    .map(|()| format!("a valid signature of the index by {}", file.key))
+            })
+            .map_err(|e| e.to_string()),
+    )
 }
 
 /// `bundle.toml` must hold the records of the index.

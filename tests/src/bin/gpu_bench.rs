@@ -769,7 +769,10 @@ fn hkload_cold_start(
     source: Source,
     verify_hashes: bool,
 ) -> Result<Phases, String> {
-    let options = OpenOptions { verify_hashes };
+    let options = OpenOptions {
+        verify_hashes,
+        ..OpenOptions::DEFAULT
+    };
     let mut lap = Lap::start();
     let bundle = match source {
         Source::Folder => Bundle::open_with(setup.dir, options),
