@@ -15,6 +15,17 @@ pub enum Expect {
     Close { want: Vec<f64>, abs: f64, rel: f64 },
     /// Exactly these values (integer outputs).
     Exact(Vec<f64>),
+    /// A strided output (rows `stride` elements apart, as a leading dimension makes them):
+    /// element `r · stride + i` close to `want[r · row_len + i]` for `i < row_len`, as
+    /// [`Expect::Close`] says; every element between and after the rows must still hold the
+    /// poison (NaN), as a kernel must never write there.
+    StridedClose {
+        want: Vec<f64>,
+        row_len: usize,
+        stride: usize,
+        abs: f64,
+        rel: f64,
+    },
     /// Top-k indices: `rows` rows of `k` indices into rows of `row_len` input values; each index
     /// must be in range, unique in its row, and select an input equal to the value the kernel
     /// reported at the same place (`values`, the kernel's own value output, checked separately),
@@ -149,6 +160,27 @@ fn check_one(
                 }
             }
         }
+        Expect::StridedClose {
+            want,
+            row_len,
+            stride,
+            abs,
+            rel,
+        } => {
+            let rows = want.len() / row_len;
+            compare_len(name, got.len(), rows * stride)?;
+            for (i, &g) in got.iter().enumerate() {
+                let (row, col) = (i / stride, i % stride);
+                if col < *row_len {
+                    let w = want[row * row_len + col];
+                    if !((g - w).abs() <= abs + rel * w.abs()) {
+                        fail(i, g, format!("{w} ± {:.3e}", abs + rel * w.abs()));
+                    }
+                } else if !g.is_nan() {
+                    fail(i, g, "the poison: this element lies outside the output".into());
+                }
+            }
+        }
         Expect::Exact(want) => {
             compare_len(name, got.len(), want.len())?;
             for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
@@ -239,6 +271,21 @@ mod tests {
             c.check(&[Some(vec![1.0])]).is_err(),
             "short output must fail"
         );
+    }
+
+    #[test]
+    fn strided_close_refuses_writes_between_rows() {
+        let c = case(Expect::StridedClose {
+            want: vec![1.0, 2.0],
+            row_len: 1,
+            stride: 2,
+            abs: 0.0,
+            rel: 1e-3,
+        });
+        assert!(c.check(&[Some(vec![1.0, f64::NAN, 2.0, f64::NAN])]).is_ok());
+        let err = c.check(&[Some(vec![1.0, 0.0, 2.0, f64::NAN])]).unwrap_err();
+        assert_eq!((err.index, err.count), (1, 1));
+        assert!(c.check(&[Some(vec![1.0, f64::NAN, f64::NAN, f64::NAN])]).is_err());
     }
 
     #[test]

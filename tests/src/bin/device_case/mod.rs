@@ -110,10 +110,32 @@ fn worst_error(case: &Case, outputs: &[Option<Vec<f64>>]) -> Option<f64> {
         let (CaseArg::Output { expect, .. } | CaseArg::InOut { expect, .. }) = arg else {
             continue;
         };
-        let Expect::Close { want, abs, rel } = expect else {
-            continue;
+        // Pairs of (got, want) with their tolerance; the strided form's gaps are judged by
+        // `Case::check` alone.
+        let pairs: Vec<(f64, f64, f64, f64)> = match expect {
+            Expect::Close { want, abs, rel } => got
+                .as_deref()
+                .unwrap_or(&[])
+                .iter()
+                .zip(want)
+                .map(|(&g, &w)| (g, w, *abs, *rel))
+                .collect(),
+            Expect::StridedClose {
+                want,
+                row_len,
+                stride,
+                abs,
+                rel,
+            } => got
+                .as_deref()
+                .unwrap_or(&[])
+                .chunks(*stride)
+                .zip(want.chunks(*row_len))
+                .flat_map(|(g, w)| g.iter().zip(w).map(|(&g, &w)| (g, w, *abs, *rel)))
+                .collect(),
+            _ => continue,
         };
-        for (&g, &w) in got.as_deref().unwrap_or(&[]).iter().zip(want) {
+        for (g, w, abs, rel) in pairs {
             let error = (g - w).abs();
             let tolerance = abs + rel * w.abs();
             let ratio = if error == 0.0 {

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""gemm_a16w16 on an NVIDIA GPU: correctness against a float64 reference and speed against
+torch.matmul (cuBLAS), in one run.
+
+Loads the module's cubin (unbundled from the bundle's gemm.hipfb) with CuPy and launches the
+kernels by hand with the launch of the contract in manifests/gemm.toml (block 256, grid
+[ceil(n / 128), ceil(m / 128)]): a development tool, not the product path (gpu_parity runs the
+same kernels through hkload).
+
+Checks: fresh random inputs (uniform in [-1, 1), rounded to the input type), every symbol
+variant, views (leading dimensions past the row width, pointers offset into a larger buffer,
+unaligned rows), and C inside a poisoned buffer with guard bands before, between (ldc > n) and
+after its rows: every element of C must be written and close to the reference, every other
+element must still hold the poison. The bound, for C[i][j] with K terms:
+    |got - ref| <= u_out |ref| + K 2^-22 sqrt(sum_k a_ik^2 b_kj^2)
+u_out the output's rounding (2^-8 bf16, 2^-11 f16, 2^-24 f32); the second term is f32
+accumulation (products of 16-bit values are exact in f32), a generous statistical bound of
+K roundings of partial sums. A negative control (k - 1 passed to the kernel) must fail it.
+
+usage: gemm_bench.py CUBIN [--check-only | --bench-only]
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+
+import cupy
+import numpy as np
+import torch
+
+TILE = 128
+BLOCK = 256
+POISON = -1  # 0xffff.. bits: NaN in bf16, f16 and f32
+
+DT = {"bf16": torch.bfloat16, "f16": torch.float16}
+UNIT = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": 2.0**-24}
+
+
+def symbol(layout, ty, bias, out_f32):
+    return f"gemm_a16w16_{layout}_{ty}" + ("_bias" if bias else "") + ("_out_f32" if out_f32 else "")
+
+
+class Gemm:
+    def __init__(self, cubin):
+        self.module = cupy.RawModule(path=cubin)
+        self.functions = {}
+
+    def launch(self, name, c, a, b, bias, m, n, k, lda, ldb, ldc):
+        f = self.functions.get(name)
+        if f is None:
+            f = self.functions[name] = self.module.get_function(name)
+        ptrs = [c, a, b] + ([bias] if bias is not None else [])
+        args = tuple(np.uint64(p) for p in ptrs) + tuple(np.uint32(x) for x in (m, n, k, lda, ldb, ldc))
+        f((math.ceil(n / TILE), math.ceil(m / TILE), 1), (BLOCK, 1, 1), args)
+
+
+def ptr(t, offset=0):
+    return t.data_ptr() + offset * t.element_size()
+
+
+def check_case(g, layout, ty, bias_on, out_f32, m, n, k, pad=(0, 0, 0), offset=0, control=False):
+    """One launch; returns (ok, worst error / bound, description)."""
+    dt = DT[ty]
+    pa, pb, pc = pad
+    lda = k + pa
+    ldb = (k if layout == "nt" else n) + pb
+    ldc = n + pc
+    brows = n if layout == "nt" else k
+    bcols = k if layout == "nt" else n
+    # Inputs as views into larger buffers (offset elements in), random in [-1, 1).
+    abuf = (torch.rand(offset + m * lda + 8, device="cuda", dtype=torch.float32) * 2 - 1).to(dt)
+    bbuf = (torch.rand(offset + brows * ldb + 8, device="cuda", dtype=torch.float32) * 2 - 1).to(dt)
+    a = abuf[offset : offset + m * lda].view(m, lda)[:, :k]
+    bm = bbuf[offset : offset + brows * ldb].view(brows, ldb)[:, :bcols]
+    bias = (torch.rand(n, device="cuda") * 2 - 1).to(dt) if bias_on else None
+    odt = torch.float32 if out_f32 else dt
+    guard = 1024
+    span = (m - 1) * ldc + n
+    cbuf = torch.full((guard + m * ldc + guard,), POISON, device="cuda", dtype=torch.int32 if out_f32 else torch.int16).view(odt)
+    g.launch(symbol(layout, ty, bias_on, out_f32), ptr(cbuf, guard), ptr(abuf, offset), ptr(bbuf, offset),
+             ptr(bias) if bias_on else None, m, n, k - 1 if control else k, lda, ldb, ldc)
+    torch.cuda.synchronize()
+    a64, b64 = a.double(), bm.double()
+    bk = b64.t() if layout == "nt" else b64  # [k, n]
+    ref = a64 @ bk
+    if bias_on:
+        ref += bias.double()
+    spread = ((a64 * a64) @ (bk * bk)).sqrt()
+    bound = UNIT["f32" if out_f32 else ty] * ref.abs() + k * 2.0**-22 * spread
+    cview = cbuf[guard : guard + m * ldc].view(m, ldc)
+    got = cview[:, :n].double()
+    err = (got - ref).abs()
+    ok_values = bool((err <= bound).all())  # NaN (unwritten) fails
+    worst = float((err / bound).max()) if ok_values else float("inf") if err.isnan().any() else float((err / bound).max())
+    bits = cbuf.view(torch.int32 if out_f32 else torch.int16)
+    untouched = bool((bits[:guard] == POISON).all() and (bits[guard + span :] == POISON).all())
+    if pc:
+        untouched &= bool((cview.view(torch.int32 if out_f32 else torch.int16)[:, n:] == POISON).all())
+    desc = f"{symbol(layout, ty, bias_on, out_f32):<34} m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc} off={offset}"
+    return ok_values and untouched, worst, untouched, desc
+
+
+def run_checks(g):
+    torch.manual_seed(1234)
+    shapes = [
+        (1, 1, 1), (7, 7, 7), (1, 4096, 4096), (7, 127, 64), (64, 64, 64), (127, 127, 127),
+        (64, 14336, 4096), (7, 4096, 14336), (127, 1, 4096), (1, 127, 14336), (4096, 64, 7),
+        (4096, 4096, 64), (127, 4096, 127), (4096, 7, 4096), (200, 300, 1000), (1, 14336, 64),
+        (4096, 4096, 4096), (2048, 14336, 4096), (129, 257, 4104),
+    ]
+    failures = 0
+    total = 0
+    worst_all = 0.0
+    variants = [(l, t, b, o) for l in ("nt", "nn") for t in ("bf16", "f16") for b in (False, True) for o in (False, True)]
+    cases = []
+    for i, (m, n, k) in enumerate(shapes):
+        # Each shape with every layout and type; bias and output type alternate.
+        for layout in ("nt", "nn"):
+            for ty in ("bf16", "f16"):
+                cases.append((layout, ty, (i % 2) == 0, (i % 3) == 0, m, n, k, (0, 0, 0), 0))
+    # Views: padded leading dimensions (aligned and not), offset pointers, for every variant.
+    for j, (l, t, b, o) in enumerate(variants):
+        cases.append((l, t, b, o, 77, 200, 136, (8, 16, 5), 0))  # aligned rows, ragged ldc
+        cases.append((l, t, b, o, 33, 70, 61, (3, 1, 0), 1))  # unaligned rows and pointers
+        cases.append((l, t, b, o, 130, 129, 128, (0, 0, 3), 8))  # aligned offset views
+    for case in cases:
+        ok, worst, untouched, desc = check_case(g, *case[:7], pad=case[7], offset=case[8])
+        total += 1
+        worst_all = max(worst_all, worst)
+        if not ok:
+            failures += 1
+            print(f"FAIL {desc} worst {worst:.3g} of bound, outside C untouched: {untouched}")
+    print(f"checks: {total - failures}/{total} passed, worst error {worst_all:.3f} of the bound")
+    # Negative controls: the same check must fail for a kernel that skips a k value.
+    caught = 0
+    controls = [("nt", "bf16", False, False, 64, 64, 4096), ("nn", "f16", True, True, 7, 4096, 14336),
+                ("nt", "bf16", False, False, 127, 127, 127)]
+    for c in controls:
+        ok, worst, _, desc = check_case(g, *c, control=True)
+        caught += not ok
+        print(f"control (k - 1 passed) {'caught' if not ok else 'NOT CAUGHT'}: {desc} worst {worst:.3g}")
+    return failures == 0 and caught == len(controls)
+
+
+def bench_ms(fn, iters=20, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def run_bench(g):
+    torch.manual_seed(5)
+    shapes = [(4096, 4096, 4096), (8192, 8192, 8192)]
+    for n, k in [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]:
+        for m in (1, 16, 128, 2048, 8192):
+            shapes.append((m, n, k))
+    print(f"{'M':>5} {'N':>6} {'K':>6} {'ours ms':>9} {'ours TF/s':>9} {'cuBLAS ms':>9} {'cuBLAS TF/s':>11} {'ratio':>6} {'GB/s ours':>9} {'GB/s copy':>9}")
+    rows = []
+    for m, n, k in shapes:
+        bytes_moved = 2 * (m * k + n * k + m * n)
+        # Rotate over enough weight copies to exceed the 50 MB L2.
+        copies = max(1, min(8, math.ceil(200e6 / bytes_moved)))
+        a = [(torch.rand(m, k, device="cuda") * 2 - 1).to(torch.bfloat16) for _ in range(copies)]
+        w = [(torch.rand(n, k, device="cuda") * 2 - 1).to(torch.bfloat16) for _ in range(copies)]
+        c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        it = [0]
+
+        def ours():
+            i = it[0] = (it[0] + 1) % copies
+            g.launch("gemm_a16w16_nt_bf16", ptr(c), ptr(a[i]), ptr(w[i]), None, m, n, k, k, k, n)
+
+        def theirs():
+            i = it[0] = (it[0] + 1) % copies
+            torch.matmul(a[i], w[i].t(), out=c)
+
+        t_ours = bench_ms(ours)
+        t_theirs = bench_ms(theirs)
+        flop = 2.0 * m * n * k
+        src = torch.empty(bytes_moved // 2, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        t_copy = bench_ms(lambda: dst.copy_(src))
+        row = (m, n, k, t_ours, flop / t_ours / 1e9, t_theirs, flop / t_theirs / 1e9, t_theirs / t_ours,
+               bytes_moved / t_ours / 1e6, bytes_moved / t_copy / 1e6)
+        rows.append(row)
+        print(f"{m:>5} {n:>6} {k:>6} {row[3]:>9.4f} {row[4]:>9.1f} {row[5]:>9.4f} {row[6]:>11.1f} {row[7]:>6.2f} {row[8]:>9.0f} {row[9]:>9.0f}", flush=True)
+        del a, w, c, src, dst
+    return rows
+
+
+def main():
+    cubin = sys.argv[1]
+    mode = sys.argv[2] if len(sys.argv) > 2 else ""
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "cupy", cupy.__version__)
+    g = Gemm(cubin)
+    ok = True
+    if mode != "--bench-only":
+        ok = run_checks(g)
+    if mode != "--check-only":
+        run_bench(g)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

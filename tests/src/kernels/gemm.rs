@@ -1,0 +1,326 @@
+//! GEMM: the f64 reference and the cases of the kernels in `kernels/gemm.hip`.
+//!
+//! Symbols `gemm_a16w16_{nt,nn}_{bf16,f16}[_bias][_out_f32](c, a, b, [bias,] m, n, k, lda, ldb,
+//! ldc)`, row-major with leading dimensions:
+//! - `nt`: `C[i][j] = Σ_k A[i][k] · B[j][k]` (B stored `[N][K]`, a linear layer's weight);
+//! - `nn`: `C[i][j] = Σ_k A[i][k] · B[k][j]` (B stored `[K][N]`);
+//!
+//! plus `bias[j]` for `_bias`, C in f32 for `_out_f32`, else in the input type.
+//!
+//! Error bound of `C[i][j]`, with `u` the output's rounding (2⁻⁸ bf16, 2⁻¹¹ f16, 2⁻²⁴ f32):
+//! `u · |ref| + K · 2⁻²² · max over the case of sqrt(Σ_k A[i][k]² B[k][j]²)`. Products of 16-bit
+//! values are exact in f32, so the second term is the f32 accumulation alone: a generous
+//! statistical bound on K roundings of partial sums, which is still 10 to 1000 times smaller
+//! than the error of dropping one k term (the device check in `scripts/gemm_bench.py` shows a
+//! kernel run with `k - 1` failing it).
+//!
+//! Inputs are exactly the contract's extents (`(m - 1) · lda + k` elements of A, and so on),
+//! with NaN in the gaps between rows, so a kernel that read outside the matrix would poison
+//! its result; C has `m · ldc` elements and the gaps must keep the poison.
+//!
+//! Launch: [`launch_dims`], the rule of the contract in `manifests/gemm.toml`.
+
+use hkload::abi::{ScalarType, ScalarValue};
+use hkload::driver::LaunchDims;
+use rand::Rng;
+
+use crate::case::{Case, CaseArg, Expect};
+use crate::host::{random_rounded, round_to};
+
+/// Rows and columns of C one block computes.
+pub const TILE: u32 = 128;
+/// Threads in a block.
+pub const BLOCK_THREADS: u32 = 256;
+
+/// The launch of the contract: one block per 128 x 128 block of C, x over n, y over m.
+pub fn launch_dims(m: u32, n: u32) -> LaunchDims {
+    LaunchDims {
+        grid: [n.div_ceil(TILE), m.div_ceil(TILE), 1],
+        block: [BLOCK_THREADS, 1, 1],
+        shared_bytes: 0,
+    }
+}
+
+/// How B is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `[N][K]`: C = A·Bᵀ of the stored matrix.
+    Nt,
+    /// `[K][N]`: C = A·B.
+    Nn,
+}
+
+/// One kernel of the family.
+#[derive(Debug, Clone, Copy)]
+pub struct Variant {
+    pub layout: Layout,
+    pub ty: ScalarType,
+    pub bias: bool,
+    pub out_f32: bool,
+}
+
+impl Variant {
+    /// All 16 symbols.
+    pub fn all() -> Vec<Variant> {
+        let mut all = Vec::new();
+        for layout in [Layout::Nt, Layout::Nn] {
+            for ty in [ScalarType::Bf16, ScalarType::F16] {
+                for bias in [false, true] {
+                    for out_f32 in [false, true] {
+                        all.push(Variant {
+                            layout,
+                            ty,
+                            bias,
+                            out_f32,
+                        });
+                    }
+                }
+            }
+        }
+        all
+    }
+
+    pub fn symbol(&self) -> String {
+        let layout = match self.layout {
+            Layout::Nt => "nt",
+            Layout::Nn => "nn",
+        };
+        format!(
+            "gemm_a16w16_{layout}_{}{}{}",
+            self.ty.name(),
+            if self.bias { "_bias" } else { "" },
+            if self.out_f32 { "_out_f32" } else { "" }
+        )
+    }
+
+    fn out_type(&self) -> ScalarType {
+        if self.out_f32 { ScalarType::F32 } else { self.ty }
+    }
+}
+
+/// A problem: sizes and leading dimensions.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldc: usize,
+}
+
+impl Shape {
+    /// Dense rows for `layout`, or rows padded by `(pa, pb, pc)` elements.
+    pub fn new(layout: Layout, (m, n, k): (usize, usize, usize), (pa, pb, pc): (usize, usize, usize)) -> Self {
+        let b_row = match layout {
+            Layout::Nt => k,
+            Layout::Nn => n,
+        };
+        Shape {
+            m,
+            n,
+            k,
+            lda: k + pa,
+            ldb: b_row + pb,
+            ldc: n + pc,
+        }
+    }
+}
+
+/// `rows` rows of `cols` values from `rng`, rounded to `ty`, `ld` apart, NaN in the gaps:
+/// `(m - 1) · ld + cols` elements, the contract's extent.
+fn strided_input(rng: &mut impl Rng, ty: ScalarType, rows: usize, cols: usize, ld: usize) -> Vec<f64> {
+    let mut data = vec![f64::NAN; (rows - 1) * ld + cols];
+    for r in 0..rows {
+        data[r * ld..r * ld + cols].copy_from_slice(&random_rounded(rng, ty, cols, 0.0, 1.0));
+    }
+    data
+}
+
+/// `C = A·B (+ bias)` in f64, and the largest `sqrt(Σ_k A[i][k]² B[k][j]²)`, for `a` with rows
+/// `lda` apart and `b_kn` dense `[K][N]`.
+pub fn reference(shape: &Shape, a: &[f64], b_kn: &[f64], bias: Option<&[f64]>) -> (Vec<f64>, f64) {
+    let Shape { m, n, k, lda, .. } = *shape;
+    let mut c = vec![0.0; m * n];
+    let mut spread = 0.0f64;
+    let mut squares = vec![0.0; n];
+    for i in 0..m {
+        let row = &mut c[i * n..(i + 1) * n];
+        squares.iter_mut().for_each(|s| *s = 0.0);
+        for kk in 0..k {
+            let x = a[i * lda + kk];
+            let b_row = &b_kn[kk * n..(kk + 1) * n];
+            for ((acc, sq), &y) in row.iter_mut().zip(squares.iter_mut()).zip(b_row) {
+                *acc += x * y;
+                *sq += (x * y) * (x * y);
+            }
+        }
+        if let Some(bias) = bias {
+            row.iter_mut().zip(bias).for_each(|(acc, &b)| *acc += b);
+        }
+        spread = squares.iter().fold(spread, |s, &q| s.max(q.sqrt()));
+    }
+    (c, spread)
+}
+
+/// One launch of `variant` on fresh random inputs.
+pub fn case(variant: Variant, shape: Shape, rng: &mut impl Rng) -> Case {
+    let Shape { m, n, k, lda, ldb, ldc } = shape;
+    let ty = variant.ty;
+    let a = strided_input(rng, ty, m, k, lda);
+    let (b, b_kn) = match variant.layout {
+        Layout::Nt => {
+            let b = strided_input(rng, ty, n, k, ldb);
+            let mut b_kn = vec![0.0; k * n];
+            for j in 0..n {
+                for kk in 0..k {
+                    b_kn[kk * n + j] = b[j * ldb + kk];
+                }
+            }
+            (b, b_kn)
+        }
+        Layout::Nn => {
+            let b = strided_input(rng, ty, k, n, ldb);
+            let mut b_kn = vec![0.0; k * n];
+            for kk in 0..k {
+                b_kn[kk * n..(kk + 1) * n].copy_from_slice(&b[kk * ldb..kk * ldb + n]);
+            }
+            (b, b_kn)
+        }
+    };
+    let bias = variant.bias.then(|| random_rounded(rng, ty, n, 0.0, 1.0));
+    let (want, spread) = reference(&shape, &a, &b_kn, bias.as_deref());
+    let out = variant.out_type();
+    let unit = match out {
+        ScalarType::Bf16 => 2f64.powi(-8),
+        ScalarType::F16 => 2f64.powi(-11),
+        _ => 2f64.powi(-24),
+    };
+    let abs = k as f64 * 2f64.powi(-22) * spread;
+    let mut args = vec![
+        CaseArg::Output {
+            name: "c",
+            elem: out,
+            len: m * ldc,
+            expect: Expect::StridedClose {
+                want,
+                row_len: n,
+                stride: ldc,
+                abs,
+                rel: unit,
+            },
+        },
+        CaseArg::input("a", ty, a),
+        CaseArg::input("b", ty, b),
+    ];
+    if let Some(bias) = bias {
+        args.push(CaseArg::input("bias", ty, bias));
+    }
+    args.extend([m, n, k, lda, ldb, ldc].map(|x| CaseArg::Scalar(ScalarValue::U32(x as u32))));
+    Case {
+        kernel: variant.symbol(),
+        label: format!("m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc}"),
+        args,
+        dims: launch_dims(m as u32, n as u32),
+    }
+}
+
+/// Sizes: tails in every dimension (1, 7, 127, 129, 257), the model sizes 4096 and 14336 where
+/// the f64 reference stays cheap, and K = 4104 (not a multiple of the 32-deep steps).
+const SHAPES: [(usize, usize, usize); 18] = [
+    (1, 1, 1),
+    (7, 7, 7),
+    (1, 4096, 4096),
+    (7, 127, 14336),
+    (64, 64, 64),
+    (127, 127, 127),
+    (64, 4096, 127),
+    (7, 4096, 4096),
+    (127, 1, 14336),
+    (1, 14336, 64),
+    (4096, 7, 64),
+    (4096, 64, 127),
+    (127, 127, 4096),
+    (64, 14336, 7),
+    (4096, 1, 4096),
+    (1, 7, 14336),
+    (200, 300, 1000),
+    (129, 257, 4104),
+];
+
+/// Every case: each shape with both layouts (type, bias and output type cycling), then every
+/// symbol on views: rows padded to aligned leading dimensions, and rows that are not 16-byte
+/// aligned (odd leading dimensions, read element by element).
+pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (i, &size) in SHAPES.iter().enumerate() {
+        for (j, layout) in [Layout::Nt, Layout::Nn].into_iter().enumerate() {
+            let variant = Variant {
+                layout,
+                ty: if (i + j) % 2 == 0 { ScalarType::Bf16 } else { ScalarType::F16 },
+                bias: i % 2 == 0,
+                out_f32: i % 3 == 0,
+            };
+            cases.push(case(variant, Shape::new(layout, size, (0, 0, 0)), rng));
+        }
+    }
+    for variant in Variant::all() {
+        let layout = variant.layout;
+        cases.push(case(variant, Shape::new(layout, (77, 200, 136), (8, 16, 5)), rng));
+        cases.push(case(variant, Shape::new(layout, (33, 70, 61), (3, 1, 2)), rng));
+    }
+    cases
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    #[test]
+    fn reference_multiplies_both_layouts() {
+        // A = [[1, 2], [3, 4]] (lda 3, NaN gap), B = [[5, 6], [7, 8]] as [K][N].
+        let shape = Shape { m: 2, n: 2, k: 2, lda: 3, ldb: 2, ldc: 2 };
+        let a = [1.0, 2.0, f64::NAN, 3.0, 4.0];
+        let (c, spread) = reference(&shape, &a, &[5.0, 6.0, 7.0, 8.0], Some(&[0.5, -0.5]));
+        assert_eq!(c, [19.5, 21.5, 43.5, 49.5]);
+        assert_eq!(spread, (18.0f64 * 18.0 + 32.0 * 32.0).sqrt());
+    }
+
+    #[test]
+    fn cases_cover_every_symbol_and_accept_their_reference() {
+        let cases = cases(&mut StdRng::seed_from_u64(7));
+        assert!(cases.len() >= 30);
+        for variant in Variant::all() {
+            assert!(cases.iter().filter(|c| c.kernel == variant.symbol()).count() >= 2);
+        }
+        // The reference itself passes (gaps left as the poison), and an unwritten element
+        // fails.
+        let case = cases.iter().find(|c| c.label.starts_with("m=33")).unwrap();
+        let CaseArg::Output {
+            expect: Expect::StridedClose { want, row_len, stride, .. },
+            ..
+        } = &case.args[0]
+        else {
+            panic!("c is a strided output")
+        };
+        let mut got = vec![f64::NAN; want.len() / row_len * stride];
+        for (r, row) in want.chunks(*row_len).enumerate() {
+            got[r * stride..r * stride + row_len].copy_from_slice(row);
+        }
+        let mut outputs = vec![None; case.args.len()];
+        outputs[0] = Some(got.clone());
+        assert!(case.check(&outputs).is_ok());
+        got[*stride + 1] = f64::NAN;
+        outputs[0] = Some(got);
+        assert!(case.check(&outputs).is_err());
+    }
+
+    #[test]
+    fn launch_covers_c() {
+        let dims = launch_dims(129, 4096);
+        assert_eq!((dims.grid, dims.block), ([32, 2, 1], [256, 1, 1]));
+        assert_eq!(round_to(ScalarType::Bf16, 1.0), 1.0);
+    }
+}
