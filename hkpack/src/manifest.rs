@@ -41,6 +41,10 @@ pub struct Module {
     pub source: PathBuf,
     pub defines: BTreeMap<String, String>,
     pub flags: Vec<String>,
+    /// `no_spills = true`: the build fails when any kernel of the module spills registers or
+    /// needs scratch (stack) memory on any target. For kernels whose speed rests on keeping
+    /// their working set in registers (matrix tiles), where a spill is a defect, not a cost.
+    pub no_spills: bool,
     pub kernels: Vec<KernelDecl>,
     pub overrides: BTreeMap<TargetId, TargetOverride>,
 }
@@ -108,6 +112,8 @@ struct RawModule {
     defines: BTreeMap<String, String>,
     #[serde(default)]
     flags: Vec<String>,
+    #[serde(default)]
+    no_spills: bool,
 }
 
 #[derive(Deserialize)]
@@ -377,6 +383,7 @@ impl Module {
             source,
             defines: raw.module.defines,
             flags: raw.module.flags,
+            no_spills: raw.module.no_spills,
             kernels,
             overrides,
         })

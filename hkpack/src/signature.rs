@@ -1,6 +1,7 @@
 //! Checking what the compiler made against what the manifest declared: every declared kernel
 //! exists on every target, no undeclared kernel slipped in, and each explicit argument has the
-//! declared size, alignment and kind (pointer or value).
+//! declared size, alignment and kind (pointer or value); and, for modules that ask for it
+//! (`no_spills`), that no kernel spills registers or needs scratch memory.
 
 use hkload::abi::{Param, ParamType};
 use hkload::code_object::{ArgKind, KernelFacts};
@@ -37,6 +38,17 @@ pub enum SignatureError {
         target: TargetId,
         declared: usize,
         found: usize,
+    },
+    #[error(
+        "kernel `{kernel}` on {target} spills {spills} registers and needs {scratch} bytes of scratch per thread, but module `{module}` says no_spills = true in {manifest}"
+    )]
+    Spills {
+        kernel: String,
+        module: String,
+        target: TargetId,
+        manifest: String,
+        spills: u32,
+        scratch: u32,
     },
     #[error("kernel `{kernel}` on {target}: argument {index} `{param}` {detail}")]
     Argument {
@@ -83,6 +95,17 @@ pub fn check(
                     .join(", "),
             })?;
         check_args(&decl.symbol, target, &decl.args, facts)?;
+        let spills = facts.sgpr_spill_count + facts.vgpr_spill_count;
+        if module.no_spills && (spills > 0 || facts.private_segment_size > 0) {
+            return Err(SignatureError::Spills {
+                kernel: decl.symbol.clone(),
+                module: module.name.clone(),
+                target: *target,
+                manifest: manifest.clone(),
+                spills,
+                scratch: facts.private_segment_size,
+            });
+        }
         ordered.push(facts.clone());
     }
     Ok(ordered)

@@ -25,7 +25,7 @@ use hkload::driver::LaunchDims;
 use rand::Rng;
 
 use crate::case::{Case, CaseArg, Expect};
-use crate::host::{random_rounded, round_to};
+use crate::host::random_rounded;
 
 /// Rows and columns of C one block computes.
 pub const TILE: u32 = 128;
@@ -275,6 +275,7 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::round_to;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
