@@ -3,21 +3,26 @@
 // copy:
 //   _nt: C[m][n] = Σ_k A[m][k] · B[n][k]   (B stored [N][K]: torch.nn.Linear's weight, C = A·Bᵀ)
 //   _nn: C[m][n] = Σ_k A[m][k] · B[k][n]   (B stored [K][N])
-// optionally plus bias[n] (the _bias symbols), C in the input type or f32 (_out_f32), rounded
-// once from the f32 sum.
 //
-// Symbols: gemm_a16w16_{nt,nn}_{bf16,f16}[_bias][_out_f32](c, a, b, [bias,] m, n, k, lda, ldb,
-// ldc). Launch: the contract in manifests/gemm.toml (one block of kBlock threads per kTileM x
-// kTileN block of C, grid x over n and y over m).
+// gemm_a16w16_{nt,nn}_{bf16,f16}[_bias][_out_f32](c, a, b, [bias,] m, n, k, lda, ldb, ldc)
+//   C = A·B (+ bias[n]) in the input type, or f32 (_out_f32), rounded once from the f32 sum.
+//   Blocks of 128 x 128, for m in the hundreds and up.
+// gemm_a16w16_splitk_nt_{bf16,f16}[_bias](c, a, b, [bias,] m, n, k, lda, ldb, ldc)
+//   C += A·Bᵀ (+ bias[n]) into an f32 C, for decode (m up to about 64, k large): blocks of
+//   16 x 128, and K split across the grid's z blocks, which add their parts with f32 atomics
+//   (so C must hold what the product adds to, zeros for a plain product, and the sum's
+//   rounding order varies from run to run). Any z is correct; the contract picks one that
+//   fills the device.
+// Launch: the contracts in manifests/gemm.toml (four waves a block, grid x over n, y over m).
 //
-// Each block multiplies a kTileM x kTileN block of C by walking K in steps of kTileK: the
-// A and B blocks of a step are copied into shared tiles (zero-filled past the matrices' edges,
-// so every M, N, K is handled, partial blocks as padded ones), and each wave multiplies its
-// part with hk::tile::mma. The copies of later steps run while the current one multiplies:
-// NVIDIA keeps kStages steps in flight with cp.async when rows are 16-byte aligned; other
-// cases (and AMD, which has no asynchronous copy to LDS for 16-byte chunks before gfx950)
-// stage the next step in registers. Unaligned rows (k or ld not a multiple of 8, or an
-// unaligned pointer) are read element by element: correct, slower.
+// Each block multiplies its block of C by walking its K range in steps of kTileK: the A and B
+// blocks of a step are copied into shared tiles (zero-filled past the matrices' edges, so every
+// M, N, K is handled, partial blocks as padded ones), and each wave multiplies its part with
+// hk::tile::mma. The copies of later steps run while the current one multiplies: NVIDIA keeps
+// kStages - 1 steps in flight with cp.async when rows are 16-byte aligned; other cases (and
+// AMD, which has no asynchronous 16-byte copy into LDS before gfx950) stage the next step in
+// registers. Unaligned rows (k or ld not a multiple of 8, or an unaligned pointer) are read
+// element by element: correct, slower.
 #include "hk/hk.h"
 #include "hk/tile/tile.h"
 
@@ -25,39 +30,40 @@ namespace {
 
 using hk::tile::BLayout;
 
-constexpr unsigned kBlock = 256;
-constexpr unsigned kTileM = 128, kTileN = 128, kTileK = 32;
-// cp.async steps in flight on NVIDIA: 3 stages of 16 KiB are the 48 KiB of static shared memory
-// a block may have. AMD double-buffers through registers: 2 stages, 32 KiB of its 64 KiB LDS.
+// A block's shape: a kTileM x kTileN block of C, kWavesM x kWavesN waves of kWaveRows x
+// kWaveCols each, K in steps of 32, kStages shared stages.
+template <unsigned kTileM_, unsigned kTileN_, unsigned kWavesM_, unsigned kWavesN_,
+          unsigned kNvidiaStages>
+struct Tiling {
+  static constexpr unsigned kTileM = kTileM_, kTileN = kTileN_, kTileK = 32;
+  static constexpr unsigned kWavesM = kWavesM_, kWavesN = kWavesN_;
+  static constexpr unsigned kThreads = kWavesM * kWavesN * hk::kWaveSize;
+  static constexpr unsigned kWaveRows = kTileM / kWavesM, kWaveCols = kTileN / kWavesN;
+  // NVIDIA: cp.async stages, within the 48 KiB of static shared memory a block may have. AMD
+  // double-buffers through registers.
 #if HK_AMD
-constexpr unsigned kStages = 2;
+  static constexpr unsigned kStages = 2;
 #else
-constexpr unsigned kStages = 3;
+  static constexpr unsigned kStages = kNvidiaStages;
 #endif
+};
 
-// Waves in a grid over the block's C tile: 8 NVIDIA warps as 2 x 4 (64 x 32 each), 4 AMD waves
-// as 2 x 2 (64 x 64 each).
-constexpr unsigned kWaves = kBlock / hk::kWaveSize;
-constexpr unsigned kWavesN = kWaves == 8 ? 4 : 2;
-constexpr unsigned kWavesM = kWaves / kWavesN;
-constexpr unsigned kWaveRows = kTileM / kWavesM, kWaveCols = kTileN / kWavesN;
+// Four waves of 64 x 64 (64 f32 accumulators a lane on AMD, 128 on NVIDIA), 3 stages of 16 KiB.
+using Square = Tiling<128, 128, 2, 2, 3>;
+// Four waves of 16 x 32 side by side: little work is wasted on rows past a small m, and the
+// stages are small (9 KiB), so 5 of them keep more of B in flight.
+using Skinny = Tiling<16, 128, 1, 4, 5>;
 
 // Consecutive blocks walk kGroupM block rows of C column by column, so the B blocks they read
 // are shared through L2 by kGroupM blocks at once instead of streaming from memory per row.
 constexpr unsigned kGroupM = 8;
 
-template <typename T, BLayout kB> struct BTileOf;
-template <typename T> struct BTileOf<T, BLayout::kNK> {
-  using Type = hk::tile::SharedTile<T, kTileN, kTileK>;
-};
-template <typename T> struct BTileOf<T, BLayout::kKN> {
-  using Type = hk::tile::SharedTile<T, kTileK, kTileN>;
-};
-
-// One step's A and B blocks in shared memory.
-template <typename T, BLayout kB> struct Stage {
-  hk::tile::SharedTile<T, kTileM, kTileK> a;
-  typename BTileOf<T, kB>::Type b;
+// One step's A and B blocks in shared memory; B as stored.
+template <class Tl, typename T, BLayout kB> struct Stage {
+  hk::tile::SharedTile<T, Tl::kTileM, Tl::kTileK> a;
+  hk::tile::SharedTile<T, kB == BLayout::kNK ? Tl::kTileN : Tl::kTileK,
+                       kB == BLayout::kNK ? Tl::kTileK : Tl::kTileN>
+      b;
 };
 
 struct BlockTile {
@@ -76,114 +82,170 @@ HK_DEVICE BlockTile block_tile() {
   return {first_m + in_group % group_m, in_group / group_m};
 }
 
-template <typename T, typename Out, BLayout kB, bool kBias>
+// How C receives the block's sums.
+enum class Epilogue {
+  kStore,      // C = sum (+ bias), rounded to C's type
+  kAtomicAdd,  // C += sum (+ bias from the first K split), f32
+};
+
+template <class Tl, typename T, typename Out, BLayout kB, bool kBias, Epilogue kEpilogue>
 HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
                     const T* __restrict__ bias, unsigned m, unsigned n, unsigned k, unsigned lda,
                     unsigned ldb, unsigned ldc) {
-  __shared__ Stage<T, kB> stage[kStages];
-  using Acc = hk::tile::Accumulators<T, kWaveRows / 16, kWaveCols / 16>;
+  using StageT = Stage<Tl, T, kB>;
+  __shared__ StageT stage[Tl::kStages];
+  using Acc = hk::tile::Accumulators<T, Tl::kWaveRows / 16, Tl::kWaveCols / 16>;
   using Atom = typename Acc::Atom;
 
+  // This block's K range: the grid's z blocks split the steps evenly (the last ones may get
+  // none when z does not divide them).
+  const unsigned steps = (k + Tl::kTileK - 1) / Tl::kTileK;
+  const unsigned per_split = (steps + hk::grid_dim_z() - 1) / hk::grid_dim_z();
+  const unsigned first = hk::block_idx_z() * per_split;
+  const unsigned last = steps - first < per_split ? steps : first + per_split;
+  if (first >= steps) return;  // the whole block: no barrier is skipped by part of it
+
   const BlockTile tile = block_tile();
-  const unsigned row0 = tile.m * kTileM, col0 = tile.n * kTileN;
+  const unsigned row0 = tile.m * Tl::kTileM, col0 = tile.n * Tl::kTileN;
   const unsigned thread = hk::thread_idx_x();
   const unsigned wave = hk::wave_id();
-  const unsigned wave_row = wave / kWavesN * kWaveRows, wave_col = wave % kWavesN * kWaveCols;
+  const unsigned wave_row = wave / Tl::kWavesN * Tl::kWaveRows;
+  const unsigned wave_col = wave % Tl::kWavesN * Tl::kWaveCols;
 
   const hk::tile::GlobalMatrix<T> ga{a, m, k, lda};
   const hk::tile::GlobalMatrix<T> gb =
       kB == BLayout::kNK ? hk::tile::GlobalMatrix<T>{b, n, k, ldb}
                          : hk::tile::GlobalMatrix<T>{b, k, n, ldb};
   // Where step s's B block starts in gb.
-  const auto b_row = [&](unsigned s) { return kB == BLayout::kNK ? col0 : s * kTileK; };
-  const auto b_col = [&](unsigned s) { return kB == BLayout::kNK ? s * kTileK : col0; };
-  const unsigned steps = (k + kTileK - 1) / kTileK;
+  const auto b_row = [&](unsigned s) HK_INLINE { return kB == BLayout::kNK ? col0 : s * Tl::kTileK; };
+  const auto b_col = [&](unsigned s) HK_INLINE { return kB == BLayout::kNK ? s * Tl::kTileK : col0; };
 
+  // The sums start from the bias (for split K, in the first split only): loaded here, where
+  // few registers are live, rather than next to the stores, where all the accumulators are.
   Acc acc;
-  acc.zero();
-  const auto multiply = [&](const Stage<T, kB>& s) {
+  const bool add_bias = kBias && (kEpilogue == Epilogue::kStore || hk::block_idx_z() == 0);
+  if (add_bias) {
+    acc.set([&](unsigned, unsigned col) HK_INLINE {
+      const unsigned column = col0 + wave_col + col;
+      return column < n ? hk::to_float(bias[column]) : 0.0f;
+    });
+  } else {
+    acc.zero();
+  }
+  const auto multiply = [&](const StageT& s) HK_INLINE {
 #pragma unroll
-    for (unsigned kk = 0; kk < kTileK; kk += Atom::kK)
+    for (unsigned kk = 0; kk < Tl::kTileK; kk += Atom::kK)
       hk::tile::mma<kB>(acc, s.a, s.b, wave_row, wave_col, kk);
   };
 
   const bool a_vector = ga.vector_rows(), b_vector = gb.vector_rows();
 #if HK_NVIDIA
   if (a_vector && b_vector) {
-    const auto copy = [&](unsigned s) {
-      hk::tile::copy_async<kBlock>(stage[s % kStages].a, ga, row0, s * kTileK, thread);
-      hk::tile::copy_async<kBlock>(stage[s % kStages].b, gb, b_row(s), b_col(s), thread);
+    constexpr unsigned kStages = Tl::kStages;
+    const auto copy = [&](unsigned s) HK_INLINE {
+      StageT& to = stage[(s - first) % kStages];
+      hk::tile::copy_async<Tl::kThreads>(to.a, ga, row0, s * Tl::kTileK, thread);
+      hk::tile::copy_async<Tl::kThreads>(to.b, gb, b_row(s), b_col(s), thread);
     };
 #pragma unroll
-    for (unsigned s = 0; s + 1 < kStages; ++s) {
-      if (s < steps) copy(s);
+    for (unsigned s = first; s + 1 < first + kStages; ++s) {
+      if (s < last) copy(s);
       hk::tile::async_commit();
     }
-    for (unsigned s = 0; s < steps; ++s) {
+    for (unsigned s = first; s < last; ++s) {
       // Step s's copies are done (one group per step, kStages - 2 younger ones may fly), and
       // after the barrier every wave has finished step s - 1, whose stage the copy reuses.
       hk::tile::async_wait<kStages - 2>();
       hk::block_sync();
-      if (s + kStages - 1 < steps) copy(s + kStages - 1);
+      if (s + kStages - 1 < last) copy(s + kStages - 1);
       hk::tile::async_commit();
-      multiply(stage[s % kStages]);
+      multiply(stage[(s - first) % kStages]);
     }
   } else
 #endif
   {
-    hk::tile::StagedCopy<decltype(Stage<T, kB>::a), kBlock> next_a;
-    hk::tile::StagedCopy<decltype(Stage<T, kB>::b), kBlock> next_b;
-    next_a.fetch(ga, row0, 0, thread, a_vector);
-    next_b.fetch(gb, b_row(0), b_col(0), thread, b_vector);
-    next_a.store(stage[0].a, thread);
-    next_b.store(stage[0].b, thread);
-    hk::block_sync();
-    for (unsigned s = 0; s < steps; ++s) {
-      const bool more = s + 1 < steps;
-      if (more) {
-        next_a.fetch(ga, row0, (s + 1) * kTileK, thread, a_vector);
-        next_b.fetch(gb, b_row(s + 1), b_col(s + 1), thread, b_vector);
-      }
-      multiply(stage[s % 2]);
-      // The other stage was last read in step s - 1, before the barrier that ended it.
-      if (more) {
-        next_a.store(stage[(s + 1) % 2].a, thread);
-        next_b.store(stage[(s + 1) % 2].b, thread);
-      }
+    hk::tile::StagedCopy<decltype(StageT::a), Tl::kThreads> next_a;
+    hk::tile::StagedCopy<decltype(StageT::b), Tl::kThreads> next_b;
+    const auto fetch = [&](unsigned s) HK_INLINE {
+      next_a.fetch(ga, row0, s * Tl::kTileK, thread, a_vector);
+      next_b.fetch(gb, b_row(s), b_col(s), thread, b_vector);
+    };
+    const auto store = [&](StageT& to) HK_INLINE {
+      next_a.store(to.a, thread);
+      next_b.store(to.b, thread);
+    };
+#if HK_NVIDIA
+    // Unaligned rows, NVIDIA's slow path: no overlap, so that the staged chunks do not add to
+    // the registers the multiply needs (the fast path's budget would spill).
+    for (unsigned s = first; s < last; ++s) {
+      fetch(s);
+      store(stage[0]);
+      hk::block_sync();
+      multiply(stage[0]);
       hk::block_sync();
     }
+#else
+    fetch(first);
+    store(stage[0]);
+    hk::block_sync();
+    for (unsigned s = first; s < last; ++s) {
+      const unsigned now = (s - first) % 2;
+      const bool more = s + 1 < last;
+      if (more) fetch(s + 1);
+      multiply(stage[now]);
+      // The other stage was last read in step s - 1, before the barrier that ended it.
+      if (more) store(stage[1 - now]);
+      hk::block_sync();
+    }
+#endif
   }
 
-  acc.for_each([&](unsigned r, unsigned col, float v) {
+  acc.for_each([&](unsigned r, unsigned col, float v) HK_INLINE {
     const unsigned row = row0 + wave_row + r, column = col0 + wave_col + col;
     if (row < m && column < n) {
-      if constexpr (kBias) v += hk::to_float(bias[column]);
-      c[static_cast<unsigned long long>(row) * ldc + column] = hk::from_float<Out>(v);
+      Out* to = c + static_cast<unsigned long long>(row) * ldc + column;
+      if constexpr (kEpilogue == Epilogue::kAtomicAdd)
+        hk::atomic_add(to, v);
+      else
+        *to = hk::from_float<Out>(v);
     }
   });
 }
 
 }  // namespace
 
-// Two blocks per SM / CU: caps NVIDIA at 128 registers a thread, which holds the 64
-// accumulators, the operand fragments and the addresses without spilling.
-#define HK_GEMM_ENTRY(name) HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kBlock, 2) void gemm_a16w16_##name
-#define HK_GEMM(layout, kB, name, T, out_suffix, Out)                                          \
-  HK_GEMM_ENTRY(layout##_##name##out_suffix)(Out* c, const T* a, const T* b, unsigned m,       \
-                                             unsigned n, unsigned k, unsigned lda,             \
-                                             unsigned ldb, unsigned ldc) {                     \
-    gemm<T, Out, kB, false>(c, a, b, nullptr, m, n, k, lda, ldb, ldc);                         \
-  }                                                                                            \
-  HK_GEMM_ENTRY(layout##_##name##_bias##out_suffix)(Out* c, const T* a, const T* b,            \
-                                                    const T* bias, unsigned m, unsigned n,     \
-                                                    unsigned k, unsigned lda, unsigned ldb,    \
-                                                    unsigned ldc) {                            \
-    gemm<T, Out, kB, true>(c, a, b, bias, m, n, k, lda, ldb, ldc);                             \
+// Two blocks per SM / CU at least: on NVIDIA that caps a Square thread at 255 registers, enough
+// for its 128 accumulators and the operand fragments without spilling.
+#define HK_GEMM_ENTRY(Tl, name) \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Tl::kThreads, 2) void gemm_a16w16_##name
+#define HK_GEMM_PARAMS(Out, T) Out *c, const T *a, const T *b
+#define HK_GEMM_SIZES unsigned m, unsigned n, unsigned k, unsigned lda, unsigned ldb, unsigned ldc
+#define HK_GEMM_CALL(Tl, T, Out, kB, kBias, kEpilogue, bias) \
+  gemm<Tl, T, Out, kB, kBias, kEpilogue>(c, a, b, bias, m, n, k, lda, ldb, ldc);
+
+#define HK_GEMM(layout, kB, name, T, out_suffix, Out)                                  \
+  HK_GEMM_ENTRY(Square, layout##_##name##out_suffix)(HK_GEMM_PARAMS(Out, T), HK_GEMM_SIZES) { \
+    HK_GEMM_CALL(Square, T, Out, kB, false, Epilogue::kStore, nullptr)                 \
+  }                                                                                    \
+  HK_GEMM_ENTRY(Square, layout##_##name##_bias##out_suffix)(                           \
+      HK_GEMM_PARAMS(Out, T), const T* bias, HK_GEMM_SIZES) {                          \
+    HK_GEMM_CALL(Square, T, Out, kB, true, Epilogue::kStore, bias)                     \
   }
-#define HK_GEMM_ALL(layout, kB)                       \
-  HK_GEMM(layout, kB, bf16, hk::bf16, , hk::bf16)     \
+#define HK_GEMM_ALL(layout, kB)                        \
+  HK_GEMM(layout, kB, bf16, hk::bf16, , hk::bf16)      \
   HK_GEMM(layout, kB, bf16, hk::bf16, _out_f32, float) \
-  HK_GEMM(layout, kB, f16, hk::f16, , hk::f16)        \
+  HK_GEMM(layout, kB, f16, hk::f16, , hk::f16)         \
   HK_GEMM(layout, kB, f16, hk::f16, _out_f32, float)
 HK_GEMM_ALL(nt, BLayout::kNK)
 HK_GEMM_ALL(nn, BLayout::kKN)
+
+#define HK_GEMM_SPLITK(name, T)                                                          \
+  HK_GEMM_ENTRY(Skinny, splitk_nt_##name)(HK_GEMM_PARAMS(float, T), HK_GEMM_SIZES) {    \
+    HK_GEMM_CALL(Skinny, T, float, BLayout::kNK, false, Epilogue::kAtomicAdd, nullptr)   \
+  }                                                                                      \
+  HK_GEMM_ENTRY(Skinny, splitk_nt_##name##_bias)(HK_GEMM_PARAMS(float, T), const T* bias, \
+                                                 HK_GEMM_SIZES) {                        \
+    HK_GEMM_CALL(Skinny, T, float, BLayout::kNK, true, Epilogue::kAtomicAdd, bias)       \
+  }
+HK_GEMM_SPLITK(bf16, hk::bf16)
+HK_GEMM_SPLITK(f16, hk::f16)

@@ -3,9 +3,9 @@
 torch.matmul (cuBLAS), in one run.
 
 Loads the module's cubin (unbundled from the bundle's gemm.hipfb) with CuPy and launches the
-kernels by hand with the launch of the contract in manifests/gemm.toml (block 256, grid
-[ceil(n / 128), ceil(m / 128)]): a development tool, not the product path (gpu_parity runs the
-same kernels through hkload).
+kernels by hand with the launch of the contracts in manifests/gemm.toml (block 4 * 32, grid
+[ceil(n / 128), ceil(m / 128)]; split K [ceil(n / 128), ceil(m / 16), splits]): a development
+tool, not the product path (gpu_parity runs the same kernels through hkload).
 
 Checks: fresh random inputs (uniform in [-1, 1), rounded to the input type), every symbol
 variant, views (leading dimensions past the row width, pointers offset into a larger buffer,
@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 TILE = 128
-BLOCK = 256
+BLOCK = 4 * 32
+SPLIT_TILE_M = 16
 POISON = -1  # 0xffff.. bits: NaN in bf16, f16 and f32
 
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -39,6 +40,8 @@ UNIT = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": 2.0**-24}
 
 
 def symbol(layout, ty, bias, out_f32):
+    if layout == "splitk":
+        return f"gemm_a16w16_splitk_nt_{ty}" + ("_bias" if bias else "")
     return f"gemm_a16w16_{layout}_{ty}" + ("_bias" if bias else "") + ("_out_f32" if out_f32 else "")
 
 
@@ -47,21 +50,39 @@ class Gemm:
         self.module = cupy.RawModule(path=cubin)
         self.functions = {}
 
-    def launch(self, name, c, a, b, bias, m, n, k, lda, ldb, ldc):
+    def launch(self, name, c, a, b, bias, m, n, k, lda, ldb, ldc, splits=None):
         f = self.functions.get(name)
         if f is None:
             f = self.functions[name] = self.module.get_function(name)
         ptrs = [c, a, b] + ([bias] if bias is not None else [])
         args = tuple(np.uint64(p) for p in ptrs) + tuple(np.uint32(x) for x in (m, n, k, lda, ldb, ldc))
-        f((math.ceil(n / TILE), math.ceil(m / TILE), 1), (BLOCK, 1, 1), args)
+        if "splitk" in name:
+            grid = (math.ceil(n / TILE), math.ceil(m / SPLIT_TILE_M), splits or contract_splits(m, n, k))
+        else:
+            grid = (math.ceil(n / TILE), math.ceil(m / TILE), 1)
+        f(grid, (BLOCK, 1, 1), args)
+
+
+COMPUTE_UNITS = 132  # the H100 SXM's SMs; main() checks the device agrees
+
+
+def contract_splits(m, n, k):
+    """The split-K kernels' z, as their contract computes it."""
+    tiles = math.ceil(n / TILE) * math.ceil(m / SPLIT_TILE_M)
+    steps = math.ceil(k / 32)
+    return max(1, min(math.ceil(steps / 4), math.ceil(4 * COMPUTE_UNITS / tiles)))
 
 
 def ptr(t, offset=0):
     return t.data_ptr() + offset * t.element_size()
 
 
-def check_case(g, layout, ty, bias_on, out_f32, m, n, k, pad=(0, 0, 0), offset=0, control=False):
-    """One launch; returns (ok, worst error / bound, description)."""
+def check_case(g, layout, ty, bias_on, out_f32, m, n, k, pad=(0, 0, 0), offset=0, control=False, splits=None):
+    """One launch; returns (ok, worst error / bound, description). layout "splitk" is the
+    split-K kernel (nt, f32 C that the product adds to)."""
+    split = layout == "splitk"
+    if split:
+        layout, out_f32 = "nt", True
     dt = DT[ty]
     pa, pb, pc = pad
     lda = k + pa
@@ -79,16 +100,24 @@ def check_case(g, layout, ty, bias_on, out_f32, m, n, k, pad=(0, 0, 0), offset=0
     guard = 1024
     span = (m - 1) * ldc + n
     cbuf = torch.full((guard + m * ldc + guard,), POISON, device="cuda", dtype=torch.int32 if out_f32 else torch.int16).view(odt)
-    g.launch(symbol(layout, ty, bias_on, out_f32), ptr(cbuf, guard), ptr(abuf, offset), ptr(bbuf, offset),
-             ptr(bias) if bias_on else None, m, n, k - 1 if control else k, lda, ldb, ldc)
+    start = None
+    if split:  # C starts from random values, which the product adds to
+        start = torch.rand(m, n, device="cuda") * 8 - 4
+        cbuf[guard : guard + m * ldc].view(m, ldc)[:, :n] = start
+    name = symbol("splitk" if split else layout, ty, bias_on, out_f32)
+    g.launch(name, ptr(cbuf, guard), ptr(abuf, offset), ptr(bbuf, offset),
+             ptr(bias) if bias_on else None, m, n, k - 1 if control else k, lda, ldb, ldc, splits)
     torch.cuda.synchronize()
     a64, b64 = a.double(), bm.double()
     bk = b64.t() if layout == "nt" else b64  # [k, n]
     ref = a64 @ bk
     if bias_on:
         ref += bias.double()
+    if start is not None:
+        ref += start.double()
     spread = ((a64 * a64) @ (bk * bk)).sqrt()
-    bound = UNIT["f32" if out_f32 else ty] * ref.abs() + k * 2.0**-22 * spread
+    unit = 2.0**-20 if split else UNIT["f32" if out_f32 else ty]  # split K: a rounding per split
+    bound = unit * ref.abs() + k * 2.0**-22 * spread
     cview = cbuf[guard : guard + m * ldc].view(m, ldc)
     got = cview[:, :n].double()
     err = (got - ref).abs()
@@ -98,7 +127,7 @@ def check_case(g, layout, ty, bias_on, out_f32, m, n, k, pad=(0, 0, 0), offset=0
     untouched = bool((bits[:guard] == POISON).all() and (bits[guard + span :] == POISON).all())
     if pc:
         untouched &= bool((cview.view(torch.int32 if out_f32 else torch.int16)[:, n:] == POISON).all())
-    desc = f"{symbol(layout, ty, bias_on, out_f32):<34} m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc} off={offset}"
+    desc = f"{name:<34} m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc} off={offset}" + (f" splits={splits or contract_splits(m, n, k)}" if split else "")
     return ok_values and untouched, worst, untouched, desc
 
 
@@ -125,8 +154,16 @@ def run_checks(g):
         cases.append((l, t, b, o, 77, 200, 136, (8, 16, 5), 0))  # aligned rows, ragged ldc
         cases.append((l, t, b, o, 33, 70, 61, (3, 1, 0), 1))  # unaligned rows and pointers
         cases.append((l, t, b, o, 130, 129, 128, (0, 0, 3), 8))  # aligned offset views
+    # Split K: decode sizes with the contract's z, and forced z (1, and more than K has steps).
+    for j, (m, n, k) in enumerate([(1, 4096, 4096), (16, 14336, 4096), (64, 4096, 14336), (7, 127, 7),
+                                   (1, 28672, 8192), (33, 70, 61), (128, 1000, 4096)]):
+        for ty in ("bf16", "f16"):
+            cases.append(("splitk", ty, (j + (ty == "f16")) % 2 == 0, True, m, n, k, (0, 0, 0), 0))
+    cases.append(("splitk", "bf16", True, True, 16, 4096, 4096, (8, 8, 3), 1, 1))
+    cases.append(("splitk", "f16", False, True, 5, 300, 1000, (3, 1, 0), 1, 40))
     for case in cases:
-        ok, worst, untouched, desc = check_case(g, *case[:7], pad=case[7], offset=case[8])
+        ok, worst, untouched, desc = check_case(g, *case[:7], pad=case[7], offset=case[8],
+                                                splits=case[9] if len(case) > 9 else None)
         total += 1
         worst_all = max(worst_all, worst)
         if not ok:
@@ -136,7 +173,7 @@ def run_checks(g):
     # Negative controls: the same check must fail for a kernel that skips a k value.
     caught = 0
     controls = [("nt", "bf16", False, False, 64, 64, 4096), ("nn", "f16", True, True, 7, 4096, 14336),
-                ("nt", "bf16", False, False, 127, 127, 127)]
+                ("nt", "bf16", False, False, 127, 127, 127), ("splitk", "bf16", False, True, 1, 4096, 4096)]
     for c in controls:
         ok, worst, _, desc = check_case(g, *c, control=True)
         caught += not ok
@@ -165,7 +202,9 @@ def run_bench(g):
     for n, k in [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]:
         for m in (1, 16, 128, 2048, 8192):
             shapes.append((m, n, k))
-    print(f"{'M':>5} {'N':>6} {'K':>6} {'ours ms':>9} {'ours TF/s':>9} {'cuBLAS ms':>9} {'cuBLAS TF/s':>11} {'ratio':>6} {'GB/s ours':>9} {'GB/s copy':>9}")
+    print("ours: gemm_a16w16_nt_bf16 (bf16 out); split K: gemm_a16w16_splitk_nt_bf16 into f32, timed with the zeroing of C;")
+    print("ratio = cuBLAS time / ours (best of the two for M <= 128); GB/s counts A + B + C once, copy = a same-bytes device copy")
+    print(f"{'M':>5} {'N':>6} {'K':>6} {'ours ms':>9} {'ours TF/s':>9} {'splitK ms':>9} {'cuBLAS ms':>9} {'cuBLAS TF/s':>11} {'ratio':>6} {'GB/s ours':>9} {'GB/s copy':>9}")
     rows = []
     for m, n, k in shapes:
         bytes_moved = 2 * (m * k + n * k + m * n)
@@ -185,15 +224,27 @@ def run_bench(g):
             torch.matmul(a[i], w[i].t(), out=c)
 
         t_ours = bench_ms(ours)
+        t_split = None
+        if m <= 128:
+            c32 = torch.empty(m, n, device="cuda", dtype=torch.float32)
+
+            def split():
+                i = it[0] = (it[0] + 1) % copies
+                c32.zero_()
+                g.launch("gemm_a16w16_splitk_nt_bf16", ptr(c32), ptr(a[i]), ptr(w[i]), None, m, n, k, k, k, n)
+
+            t_split = bench_ms(split)
         t_theirs = bench_ms(theirs)
+        best = min(t_ours, t_split or t_ours)
         flop = 2.0 * m * n * k
         src = torch.empty(bytes_moved // 2, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
         t_copy = bench_ms(lambda: dst.copy_(src))
-        row = (m, n, k, t_ours, flop / t_ours / 1e9, t_theirs, flop / t_theirs / 1e9, t_theirs / t_ours,
-               bytes_moved / t_ours / 1e6, bytes_moved / t_copy / 1e6)
+        row = (m, n, k, t_ours, flop / t_ours / 1e9, t_split, t_theirs, flop / t_theirs / 1e9, t_theirs / best,
+               bytes_moved / best / 1e6, bytes_moved / t_copy / 1e6)
         rows.append(row)
-        print(f"{m:>5} {n:>6} {k:>6} {row[3]:>9.4f} {row[4]:>9.1f} {row[5]:>9.4f} {row[6]:>11.1f} {row[7]:>6.2f} {row[8]:>9.0f} {row[9]:>9.0f}", flush=True)
+        split_text = f"{t_split:>9.4f}" if t_split is not None else f"{'-':>9}"
+        print(f"{m:>5} {n:>6} {k:>6} {row[3]:>9.4f} {row[4]:>9.1f} {split_text} {row[6]:>9.4f} {row[7]:>11.1f} {row[8]:>6.2f} {row[9]:>9.0f} {row[10]:>9.0f}", flush=True)
         del a, w, c, src, dst
     return rows
 
@@ -202,6 +253,8 @@ def main():
     cubin = sys.argv[1]
     mode = sys.argv[2] if len(sys.argv) > 2 else ""
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "cupy", cupy.__version__)
+    global COMPUTE_UNITS
+    COMPUTE_UNITS = torch.cuda.get_device_properties(0).multi_processor_count
     g = Gemm(cubin)
     ok = True
     if mode != "--bench-only":

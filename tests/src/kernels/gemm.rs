@@ -5,7 +5,10 @@
 //! - `nt`: `C[i][j] = Σ_k A[i][k] · B[j][k]` (B stored `[N][K]`, a linear layer's weight);
 //! - `nn`: `C[i][j] = Σ_k A[i][k] · B[k][j]` (B stored `[K][N]`);
 //!
-//! plus `bias[j]` for `_bias`, C in f32 for `_out_f32`, else in the input type.
+//! plus `bias[j]` for `_bias`, C in f32 for `_out_f32`, else in the input type; and
+//! `gemm_a16w16_splitk_nt_{bf16,f16}[_bias]`, which add the `nt` product (and bias) to an f32 C
+//! with K split over the grid's z blocks (cases start C from random values and vary the split,
+//! including more splits than K has steps).
 //!
 //! Error bound of `C[i][j]`, with `u` the output's rounding (2⁻⁸ bf16, 2⁻¹¹ f16, 2⁻²⁴ f32):
 //! `u · |ref| + K · 2⁻²² · max over the case of sqrt(Σ_k A[i][k]² B[k][j]²)`. Products of 16-bit
@@ -18,7 +21,9 @@
 //! with NaN in the gaps between rows, so a kernel that read outside the matrix would poison
 //! its result; C has `m · ldc` elements and the gaps must keep the poison.
 //!
-//! Launch: [`launch_dims`], the rule of the contract in `manifests/gemm.toml`.
+//! Launch: [`launch_dims`], the rule of the contracts in `manifests/gemm.toml` for a device
+//! with 32-lane waves (the parity suite runs on NVIDIA); the split-K cases pick their own z,
+//! as any z is correct.
 
 use hkload::abi::{ScalarType, ScalarValue};
 use hkload::driver::LaunchDims;
@@ -27,15 +32,17 @@ use rand::Rng;
 use crate::case::{Case, CaseArg, Expect};
 use crate::host::random_rounded;
 
-/// Rows and columns of C one block computes.
-pub const TILE: u32 = 128;
-/// Threads in a block.
-pub const BLOCK_THREADS: u32 = 256;
+/// Columns of C one block computes.
+pub const TILE_N: u32 = 128;
+/// Threads in a block: four waves of 32 lanes.
+pub const BLOCK_THREADS: u32 = 4 * 32;
 
-/// The launch of the contract: one block per 128 x 128 block of C, x over n, y over m.
-pub fn launch_dims(m: u32, n: u32) -> LaunchDims {
+/// The launch of the contracts: one block per block of C (128 x 128, or 16 x 128 for split K),
+/// x over n, y over m, `splits` blocks along z (1 but for split K).
+pub fn launch_dims(m: u32, n: u32, split_k: bool, splits: u32) -> LaunchDims {
+    let tile_m = if split_k { 16 } else { 128 };
     LaunchDims {
-        grid: [n.div_ceil(TILE), m.div_ceil(TILE), 1],
+        grid: [n.div_ceil(TILE_N), m.div_ceil(tile_m), splits],
         block: [BLOCK_THREADS, 1, 1],
         shared_bytes: 0,
     }
@@ -57,6 +64,8 @@ pub struct Variant {
     pub ty: ScalarType,
     pub bias: bool,
     pub out_f32: bool,
+    /// `C += A·Bᵀ` into f32 with K split over `splits` blocks (`nt`, `out_f32` only).
+    pub split_k: Option<u32>,
 }
 
 impl Variant {
@@ -72,6 +81,7 @@ impl Variant {
                             ty,
                             bias,
                             out_f32,
+                            split_k: None,
                         });
                     }
                 }
@@ -80,7 +90,28 @@ impl Variant {
         all
     }
 
+    /// The 4 split-K symbols, split `splits` ways.
+    pub fn split_k(splits: u32) -> Vec<Variant> {
+        let mut all = Vec::new();
+        for ty in [ScalarType::Bf16, ScalarType::F16] {
+            for bias in [false, true] {
+                all.push(Variant {
+                    layout: Layout::Nt,
+                    ty,
+                    bias,
+                    out_f32: true,
+                    split_k: Some(splits),
+                });
+            }
+        }
+        all
+    }
+
     pub fn symbol(&self) -> String {
+        if self.split_k.is_some() {
+            let bias = if self.bias { "_bias" } else { "" };
+            return format!("gemm_a16w16_splitk_nt_{}{bias}", self.ty.name());
+        }
         let layout = match self.layout {
             Layout::Nt => "nt",
             Layout::Nn => "nn",
@@ -189,16 +220,18 @@ pub fn case(variant: Variant, shape: Shape, rng: &mut impl Rng) -> Case {
         }
     };
     let bias = variant.bias.then(|| random_rounded(rng, ty, n, 0.0, 1.0));
-    let (want, spread) = reference(&shape, &a, &b_kn, bias.as_deref());
+    let (mut want, spread) = reference(&shape, &a, &b_kn, bias.as_deref());
     let out = variant.out_type();
     let unit = match out {
         ScalarType::Bf16 => 2f64.powi(-8),
         ScalarType::F16 => 2f64.powi(-11),
+        // Split K rounds once more per split that adds to an element.
+        _ if variant.split_k.is_some() => 2f64.powi(-20),
         _ => 2f64.powi(-24),
     };
     let abs = k as f64 * 2f64.powi(-22) * spread;
-    let mut args = vec![
-        CaseArg::Output {
+    let c = match variant.split_k {
+        None => CaseArg::Output {
             name: "c",
             elem: out,
             len: m * ldc,
@@ -210,6 +243,32 @@ pub fn case(variant: Variant, shape: Shape, rng: &mut impl Rng) -> Case {
                 rel: unit,
             },
         },
+        Some(_) => {
+            // C starts from random values (NaN between rows), which the product adds to.
+            let mut start = vec![f64::NAN; m * ldc];
+            for r in 0..m {
+                let row = random_rounded(rng, ScalarType::F32, n, 0.0, 4.0);
+                for (j, &x) in row.iter().enumerate() {
+                    start[r * ldc + j] = x;
+                    want[r * n + j] += x;
+                }
+            }
+            CaseArg::InOut {
+                name: "c",
+                elem: out,
+                data: start,
+                expect: Expect::StridedClose {
+                    want,
+                    row_len: n,
+                    stride: ldc,
+                    abs,
+                    rel: unit,
+                },
+            }
+        }
+    };
+    let mut args = vec![
+        c,
         CaseArg::input("a", ty, a),
         CaseArg::input("b", ty, b),
     ];
@@ -217,11 +276,12 @@ pub fn case(variant: Variant, shape: Shape, rng: &mut impl Rng) -> Case {
         args.push(CaseArg::input("bias", ty, bias));
     }
     args.extend([m, n, k, lda, ldb, ldc].map(|x| CaseArg::Scalar(ScalarValue::U32(x as u32))));
+    let splits = variant.split_k.unwrap_or(1);
     Case {
         kernel: variant.symbol(),
-        label: format!("m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc}"),
+        label: format!("m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc} splits={splits}"),
         args,
-        dims: launch_dims(m as u32, n as u32),
+        dims: launch_dims(m as u32, n as u32, variant.split_k.is_some(), splits),
     }
 }
 
@@ -260,6 +320,7 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
                 ty: if (i + j) % 2 == 0 { ScalarType::Bf16 } else { ScalarType::F16 },
                 bias: i % 2 == 0,
                 out_f32: i % 3 == 0,
+                split_k: None,
             };
             cases.push(case(variant, Shape::new(layout, size, (0, 0, 0)), rng));
         }
@@ -268,6 +329,21 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
         let layout = variant.layout;
         cases.push(case(variant, Shape::new(layout, (77, 200, 136), (8, 16, 5)), rng));
         cases.push(case(variant, Shape::new(layout, (33, 70, 61), (3, 1, 2)), rng));
+    }
+    // Split K: decode sizes, z from 1 to more splits than K has 32-deep steps (the extra
+    // blocks add nothing), views and unaligned rows.
+    let split_shapes: [((usize, usize, usize), (usize, usize, usize), u32); 6] = [
+        ((1, 4096, 4096), (0, 0, 0), 9),
+        ((16, 1000, 14336), (0, 0, 0), 7),
+        ((7, 127, 4096), (8, 8, 3), 1),
+        ((64, 300, 1000), (0, 0, 0), 40),
+        ((33, 70, 61), (3, 1, 2), 2),
+        ((1, 7, 14336), (0, 0, 0), 112),
+    ];
+    for (i, &(size, pad, splits)) in split_shapes.iter().enumerate() {
+        let variants = Variant::split_k(splits);
+        cases.push(case(variants[i % 4], Shape::new(Layout::Nt, size, pad), rng));
+        cases.push(case(variants[(i + 1) % 4], Shape::new(Layout::Nt, size, pad), rng));
     }
     cases
 }
@@ -293,7 +369,7 @@ mod tests {
     fn cases_cover_every_symbol_and_accept_their_reference() {
         let cases = cases(&mut StdRng::seed_from_u64(7));
         assert!(cases.len() >= 30);
-        for variant in Variant::all() {
+        for variant in Variant::all().into_iter().chain(Variant::split_k(1)) {
             assert!(cases.iter().filter(|c| c.kernel == variant.symbol()).count() >= 2);
         }
         // The reference itself passes (gaps left as the poison), and an unwritten element
@@ -320,8 +396,9 @@ mod tests {
 
     #[test]
     fn launch_covers_c() {
-        let dims = launch_dims(129, 4096);
-        assert_eq!((dims.grid, dims.block), ([32, 2, 1], [256, 1, 1]));
+        let dims = launch_dims(129, 4096, false, 1);
+        assert_eq!((dims.grid, dims.block), ([32, 2, 1], [128, 1, 1]));
+        assert_eq!(launch_dims(17, 100, true, 5).grid, [1, 2, 5]);
         assert_eq!(round_to(ScalarType::Bf16, 1.0), 1.0);
     }
 }

@@ -45,11 +45,14 @@ template <class Tile> struct ChunkAt {
   }
 };
 
-template <class Tile, unsigned kThreads> HK_DEVICE constexpr unsigned chunks_per_thread() {
-  constexpr unsigned chunks = Tile::kRows * Tile::kChunksPerRow;
-  static_assert(chunks % kThreads == 0, "the block's threads share the tile's chunks evenly");
-  return chunks / kThreads;
-}
+// A tile's chunks dealt to kThreads threads: kPerThread rounds for each; when the chunks do not
+// fill the last round, threads past them skip it (kRagged).
+template <class Tile, unsigned kThreads> struct Deal {
+  static constexpr unsigned kChunks = Tile::kRows * Tile::kChunksPerRow;
+  static constexpr unsigned kPerThread = (kChunks + kThreads - 1) / kThreads;
+  static constexpr bool kRagged = kChunks % kThreads != 0;
+  static HK_DEVICE bool skip(unsigned chunk) { return kRagged && chunk >= kChunks; }
+};
 }  // namespace detail
 
 #if HK_NVIDIA
@@ -58,9 +61,10 @@ template <class Tile, unsigned kThreads> HK_DEVICE constexpr unsigned chunks_per
 template <unsigned kThreads, class Tile, typename T>
 HK_DEVICE void copy_async(Tile& s, const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
                           unsigned thread) {
-  constexpr unsigned kPerThread = detail::chunks_per_thread<Tile, kThreads>();
+  using Deal = detail::Deal<Tile, kThreads>;
 #pragma unroll
-  for (unsigned i = 0; i < kPerThread; ++i) {
+  for (unsigned i = 0; i < Deal::kPerThread; ++i) {
+    if (Deal::skip(thread + i * kThreads)) break;
     const detail::ChunkAt<Tile> c(thread + i * kThreads, detail::left(g.rows, row0),
                                   detail::left(g.cols, col0));
     // A chunk wholly outside reads nothing (src-size 0) but still needs a valid address.
@@ -81,7 +85,8 @@ template <int kPending> HK_DEVICE void async_wait() { __nvvm_cp_async_wait_group
 
 // A block copy through registers (see the header).
 template <class Tile, unsigned kThreads> struct StagedCopy {
-  static constexpr unsigned kPerThread = detail::chunks_per_thread<Tile, kThreads>();
+  using Deal = detail::Deal<Tile, kThreads>;
+  static constexpr unsigned kPerThread = Deal::kPerThread;
   u32x4 chunk[kPerThread];
 
   template <typename T>
@@ -91,6 +96,7 @@ template <class Tile, unsigned kThreads> struct StagedCopy {
     const unsigned cols_left = detail::left(g.cols, col0);
 #pragma unroll
     for (unsigned i = 0; i < kPerThread; ++i) {
+      if (Deal::skip(thread + i * kThreads)) break;
       const detail::ChunkAt<Tile> c(thread + i * kThreads, rows_left, cols_left);
       const T* src = g.row(row0 + c.row) + col0 + c.col;
       if (vector && c.valid == Tile::kChunk) {
@@ -108,6 +114,7 @@ template <class Tile, unsigned kThreads> struct StagedCopy {
 #pragma unroll
     for (unsigned i = 0; i < kPerThread; ++i) {
       const unsigned at = thread + i * kThreads;
+      if (Deal::skip(at)) break;
       *reinterpret_cast<u32x4*>(s.at(at / Tile::kChunksPerRow, at % Tile::kChunksPerRow * Tile::kChunk)) =
           chunk[i];
     }

@@ -44,6 +44,17 @@ template <typename T, unsigned kTilesM_, unsigned kTilesN_> struct Accumulators 
         for (unsigned v = 0; v < Atom::C::kSize; ++v) tile[i][j].v[v] = 0.0f;
   }
 
+  // Sets every accumulator to f(row, col), with row and col relative to the wave's block.
+  template <typename F> HK_DEVICE void set(F f) {
+#pragma unroll
+    for (unsigned i = 0; i < kTilesM; ++i)
+#pragma unroll
+      for (unsigned j = 0; j < kTilesN; ++j)
+#pragma unroll
+        for (unsigned v = 0; v < Atom::C::kSize; ++v)
+          tile[i][j].v[v] = f(i * Atom::kM + Atom::row(v), j * Atom::kN + Atom::col(v));
+  }
+
   // Calls f(row, col, value) for every accumulator of the lane, with row and col relative to
   // the wave's block.
   template <typename F> HK_DEVICE void for_each(F f) const {
