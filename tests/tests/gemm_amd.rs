@@ -90,7 +90,9 @@ fn gemm_fits_every_amd_target_and_uses_its_mfma() {
         let entry = module
             .entries
             .iter()
-            .find(|e| matches!(e.id, EntryId::AmdCodeObject(_)) && e.id.to_string().ends_with(target))
+            .find(|e| {
+                matches!(e.id, EntryId::AmdCodeObject(_)) && e.id.to_string().ends_with(target)
+            })
             .unwrap();
         let object = scratch.path().join(format!("{target}.co"));
         let status = Command::new(llvm_tool("clang-offload-bundler"))
@@ -124,7 +126,11 @@ fn gemm_fits_every_amd_target_and_uses_its_mfma() {
             let count = mnemonics.iter().filter(|&&m| m == want).count();
             // Atoms a wave holds (4 x 4 of a 64 x 64 wave block; 1 x 2 of split K's 16 x 32)
             // times the 32-deep step's k over the atom's kK.
-            let atoms = if record.symbol.contains("splitk") { 2 } else { 16 };
+            let atoms = if record.symbol.contains("splitk") {
+                2
+            } else {
+                16
+            };
             let expected = atoms * if target == "gfx950" { 1 } else { 2 };
             assert_eq!(
                 count, expected,
@@ -132,7 +138,7 @@ fn gemm_fits_every_amd_target_and_uses_its_mfma() {
                 record.symbol
             );
             assert!(
-                !mnemonics.iter().any(|&m| m == other),
+                !mnemonics.contains(&other),
                 "{} on {target} has {other}",
                 record.symbol
             );
@@ -176,7 +182,11 @@ fn no_spills_fails_a_build_that_needs_scratch() {
         Ok(report) => panic!("the build should have failed but said: {report}"),
         Err(e) => e.to_string(),
     };
-    for part in ["kernel `gather` on gfx942", "bytes of scratch", "no_spills = true"] {
+    for part in [
+        "kernel `gather` on gfx942",
+        "bytes of scratch",
+        "no_spills = true",
+    ] {
         assert!(error.contains(part), "`{part}` not in:\n{error}");
     }
     // Without the key the same module builds.

@@ -125,7 +125,11 @@ impl Variant {
     }
 
     fn out_type(&self) -> ScalarType {
-        if self.out_f32 { ScalarType::F32 } else { self.ty }
+        if self.out_f32 {
+            ScalarType::F32
+        } else {
+            self.ty
+        }
     }
 }
 
@@ -142,7 +146,11 @@ pub struct Shape {
 
 impl Shape {
     /// Dense rows for `layout`, or rows padded by `(pa, pb, pc)` elements.
-    pub fn new(layout: Layout, (m, n, k): (usize, usize, usize), (pa, pb, pc): (usize, usize, usize)) -> Self {
+    pub fn new(
+        layout: Layout,
+        (m, n, k): (usize, usize, usize),
+        (pa, pb, pc): (usize, usize, usize),
+    ) -> Self {
         let b_row = match layout {
             Layout::Nt => k,
             Layout::Nn => n,
@@ -160,7 +168,13 @@ impl Shape {
 
 /// `rows` rows of `cols` values from `rng`, rounded to `ty`, `ld` apart, NaN in the gaps:
 /// `(m - 1) · ld + cols` elements, the contract's extent.
-fn strided_input(rng: &mut impl Rng, ty: ScalarType, rows: usize, cols: usize, ld: usize) -> Vec<f64> {
+fn strided_input(
+    rng: &mut impl Rng,
+    ty: ScalarType,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+) -> Vec<f64> {
     let mut data = vec![f64::NAN; (rows - 1) * ld + cols];
     for r in 0..rows {
         data[r * ld..r * ld + cols].copy_from_slice(&random_rounded(rng, ty, cols, 0.0, 1.0));
@@ -196,7 +210,14 @@ pub fn reference(shape: &Shape, a: &[f64], b_kn: &[f64], bias: Option<&[f64]>) -
 
 /// One launch of `variant` on fresh random inputs.
 pub fn case(variant: Variant, shape: Shape, rng: &mut impl Rng) -> Case {
-    let Shape { m, n, k, lda, ldb, ldc } = shape;
+    let Shape {
+        m,
+        n,
+        k,
+        lda,
+        ldb,
+        ldc,
+    } = shape;
     let ty = variant.ty;
     let a = strided_input(rng, ty, m, k, lda);
     let (b, b_kn) = match variant.layout {
@@ -267,11 +288,7 @@ pub fn case(variant: Variant, shape: Shape, rng: &mut impl Rng) -> Case {
             }
         }
     };
-    let mut args = vec![
-        c,
-        CaseArg::input("a", ty, a),
-        CaseArg::input("b", ty, b),
-    ];
+    let mut args = vec![c, CaseArg::input("a", ty, a), CaseArg::input("b", ty, b)];
     if let Some(bias) = bias {
         args.push(CaseArg::input("bias", ty, bias));
     }
@@ -285,9 +302,12 @@ pub fn case(variant: Variant, shape: Shape, rng: &mut impl Rng) -> Case {
     }
 }
 
+/// `(m, n, k)`, or paddings `(lda, ldb, ldc past the row width)`.
+type Size = (usize, usize, usize);
+
 /// Sizes: tails in every dimension (1, 7, 127, 129, 257), the model sizes 4096 and 14336 where
 /// the f64 reference stays cheap, and K = 4104 (not a multiple of the 32-deep steps).
-const SHAPES: [(usize, usize, usize); 18] = [
+const SHAPES: [Size; 18] = [
     (1, 1, 1),
     (7, 7, 7),
     (1, 4096, 4096),
@@ -317,7 +337,11 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
         for (j, layout) in [Layout::Nt, Layout::Nn].into_iter().enumerate() {
             let variant = Variant {
                 layout,
-                ty: if (i + j) % 2 == 0 { ScalarType::Bf16 } else { ScalarType::F16 },
+                ty: if (i + j) % 2 == 0 {
+                    ScalarType::Bf16
+                } else {
+                    ScalarType::F16
+                },
                 bias: i % 2 == 0,
                 out_f32: i % 3 == 0,
                 split_k: None,
@@ -327,12 +351,20 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
     }
     for variant in Variant::all() {
         let layout = variant.layout;
-        cases.push(case(variant, Shape::new(layout, (77, 200, 136), (8, 16, 5)), rng));
-        cases.push(case(variant, Shape::new(layout, (33, 70, 61), (3, 1, 2)), rng));
+        cases.push(case(
+            variant,
+            Shape::new(layout, (77, 200, 136), (8, 16, 5)),
+            rng,
+        ));
+        cases.push(case(
+            variant,
+            Shape::new(layout, (33, 70, 61), (3, 1, 2)),
+            rng,
+        ));
     }
     // Split K: decode sizes, z from 1 to more splits than K has 32-deep steps (the extra
     // blocks add nothing), views and unaligned rows.
-    let split_shapes: [((usize, usize, usize), (usize, usize, usize), u32); 6] = [
+    let split_shapes: [(Size, Size, u32); 6] = [
         ((1, 4096, 4096), (0, 0, 0), 9),
         ((16, 1000, 14336), (0, 0, 0), 7),
         ((7, 127, 4096), (8, 8, 3), 1),
@@ -342,8 +374,16 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
     ];
     for (i, &(size, pad, splits)) in split_shapes.iter().enumerate() {
         let variants = Variant::split_k(splits);
-        cases.push(case(variants[i % 4], Shape::new(Layout::Nt, size, pad), rng));
-        cases.push(case(variants[(i + 1) % 4], Shape::new(Layout::Nt, size, pad), rng));
+        cases.push(case(
+            variants[i % 4],
+            Shape::new(Layout::Nt, size, pad),
+            rng,
+        ));
+        cases.push(case(
+            variants[(i + 1) % 4],
+            Shape::new(Layout::Nt, size, pad),
+            rng,
+        ));
     }
     cases
 }
@@ -358,7 +398,14 @@ mod tests {
     #[test]
     fn reference_multiplies_both_layouts() {
         // A = [[1, 2], [3, 4]] (lda 3, NaN gap), B = [[5, 6], [7, 8]] as [K][N].
-        let shape = Shape { m: 2, n: 2, k: 2, lda: 3, ldb: 2, ldc: 2 };
+        let shape = Shape {
+            m: 2,
+            n: 2,
+            k: 2,
+            lda: 3,
+            ldb: 2,
+            ldc: 2,
+        };
         let a = [1.0, 2.0, f64::NAN, 3.0, 4.0];
         let (c, spread) = reference(&shape, &a, &[5.0, 6.0, 7.0, 8.0], Some(&[0.5, -0.5]));
         assert_eq!(c, [19.5, 21.5, 43.5, 49.5]);
@@ -370,13 +417,25 @@ mod tests {
         let cases = cases(&mut StdRng::seed_from_u64(7));
         assert!(cases.len() >= 30);
         for variant in Variant::all().into_iter().chain(Variant::split_k(1)) {
-            assert!(cases.iter().filter(|c| c.kernel == variant.symbol()).count() >= 2);
+            assert!(
+                cases
+                    .iter()
+                    .filter(|c| c.kernel == variant.symbol())
+                    .count()
+                    >= 2
+            );
         }
         // The reference itself passes (gaps left as the poison), and an unwritten element
         // fails.
         let case = cases.iter().find(|c| c.label.starts_with("m=33")).unwrap();
         let CaseArg::Output {
-            expect: Expect::StridedClose { want, row_len, stride, .. },
+            expect:
+                Expect::StridedClose {
+                    want,
+                    row_len,
+                    stride,
+                    ..
+                },
             ..
         } = &case.args[0]
         else {
