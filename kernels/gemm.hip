@@ -13,6 +13,10 @@
 //   (so C must hold what the product adds to, zeros for a plain product, and the sum's
 //   rounding order varies from run to run). Any z is correct; the contract picks one that
 //   fills the device.
+// batched_gemm_a16w16_{nt,nn}_{bf16,f16}(c, a, b, m, n, k, lda, ldb, ldc, batch, stride_a,
+//   stride_b, stride_c): batch products C_i = A_i·B_i (as _nt / _nn) in the input type, matrix i
+//   of each starting stride_* elements after matrix i - 1 (a stride of 0 shares one matrix, a
+//   weight say, among all the products); the grid's z counts the batch.
 // Launch: the contracts in manifests/gemm.toml (four waves a block, grid x over n, y over m).
 //
 // Each block multiplies its block of C by walking its K range in steps of kTileK: the A and B
@@ -82,28 +86,46 @@ HK_DEVICE BlockTile block_tile() {
   return {first_m + in_group % group_m, in_group / group_m};
 }
 
+// What the grid's z blocks do: nothing (z = 1), split K, or take one product of a batch each.
+enum class GridZ { kNone, kSplitK, kBatch };
+
 // How C receives the block's sums.
 enum class Epilogue {
   kStore,      // C = sum (+ bias), rounded to C's type
   kAtomicAdd,  // C += sum (+ bias from the first K split), f32
 };
 
-template <class Tl, typename T, typename Out, BLayout kB, bool kBias, Epilogue kEpilogue>
+// Element strides between the matrices of a batch.
+struct BatchStrides {
+  unsigned long long a, b, c;
+};
+
+template <class Tl, typename T, typename Out, BLayout kB, bool kBias, GridZ kZ>
 HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
                     const T* __restrict__ bias, unsigned m, unsigned n, unsigned k, unsigned lda,
-                    unsigned ldb, unsigned ldc) {
+                    unsigned ldb, unsigned ldc, BatchStrides strides = {}) {
+  constexpr Epilogue kEpilogue = kZ == GridZ::kSplitK ? Epilogue::kAtomicAdd : Epilogue::kStore;
+  if constexpr (kZ == GridZ::kBatch) {
+    const unsigned long long i = hk::block_idx_z();
+    a += i * strides.a;
+    b += i * strides.b;
+    c += i * strides.c;
+  }
   using StageT = Stage<Tl, T, kB>;
   __shared__ StageT stage[Tl::kStages];
   using Acc = hk::tile::Accumulators<T, Tl::kWaveRows / 16, Tl::kWaveCols / 16>;
   using Atom = typename Acc::Atom;
 
-  // This block's K range: the grid's z blocks split the steps evenly (the last ones may get
-  // none when z does not divide them).
+  // This block's K range: all of it, or for split K an even share of the steps (the last
+  // splits may get none when z does not divide them).
   const unsigned steps = (k + Tl::kTileK - 1) / Tl::kTileK;
-  const unsigned per_split = (steps + hk::grid_dim_z() - 1) / hk::grid_dim_z();
-  const unsigned first = hk::block_idx_z() * per_split;
-  const unsigned last = steps - first < per_split ? steps : first + per_split;
-  if (first >= steps) return;  // the whole block: no barrier is skipped by part of it
+  unsigned first = 0, last = steps;
+  if constexpr (kZ == GridZ::kSplitK) {
+    const unsigned per_split = (steps + hk::grid_dim_z() - 1) / hk::grid_dim_z();
+    first = hk::block_idx_z() * per_split;
+    last = steps - first < per_split ? steps : first + per_split;
+    if (first >= steps) return;  // the whole block: no barrier is skipped by part of it
+  }
 
   const BlockTile tile = block_tile();
   const unsigned row0 = tile.m * Tl::kTileM, col0 = tile.n * Tl::kTileN;
@@ -220,16 +242,16 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
   HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Tl::kThreads, 2) void gemm_a16w16_##name
 #define HK_GEMM_PARAMS(Out, T) Out *c, const T *a, const T *b
 #define HK_GEMM_SIZES unsigned m, unsigned n, unsigned k, unsigned lda, unsigned ldb, unsigned ldc
-#define HK_GEMM_CALL(Tl, T, Out, kB, kBias, kEpilogue, bias) \
-  gemm<Tl, T, Out, kB, kBias, kEpilogue>(c, a, b, bias, m, n, k, lda, ldb, ldc);
+#define HK_GEMM_CALL(Tl, T, Out, kB, kBias, kZ, bias) \
+  gemm<Tl, T, Out, kB, kBias, kZ>(c, a, b, bias, m, n, k, lda, ldb, ldc);
 
 #define HK_GEMM(layout, kB, name, T, out_suffix, Out)                                  \
   HK_GEMM_ENTRY(Square, layout##_##name##out_suffix)(HK_GEMM_PARAMS(Out, T), HK_GEMM_SIZES) { \
-    HK_GEMM_CALL(Square, T, Out, kB, false, Epilogue::kStore, nullptr)                 \
+    HK_GEMM_CALL(Square, T, Out, kB, false, GridZ::kNone, nullptr)                 \
   }                                                                                    \
   HK_GEMM_ENTRY(Square, layout##_##name##_bias##out_suffix)(                           \
       HK_GEMM_PARAMS(Out, T), const T* bias, HK_GEMM_SIZES) {                          \
-    HK_GEMM_CALL(Square, T, Out, kB, true, Epilogue::kStore, bias)                     \
+    HK_GEMM_CALL(Square, T, Out, kB, true, GridZ::kNone, bias)                     \
   }
 #define HK_GEMM_ALL(layout, kB)                        \
   HK_GEMM(layout, kB, bf16, hk::bf16, , hk::bf16)      \
@@ -241,11 +263,26 @@ HK_GEMM_ALL(nn, BLayout::kKN)
 
 #define HK_GEMM_SPLITK(name, T)                                                          \
   HK_GEMM_ENTRY(Skinny, splitk_nt_##name)(HK_GEMM_PARAMS(float, T), HK_GEMM_SIZES) {    \
-    HK_GEMM_CALL(Skinny, T, float, BLayout::kNK, false, Epilogue::kAtomicAdd, nullptr)   \
+    HK_GEMM_CALL(Skinny, T, float, BLayout::kNK, false, GridZ::kSplitK, nullptr)   \
   }                                                                                      \
   HK_GEMM_ENTRY(Skinny, splitk_nt_##name##_bias)(HK_GEMM_PARAMS(float, T), const T* bias, \
                                                  HK_GEMM_SIZES) {                        \
-    HK_GEMM_CALL(Skinny, T, float, BLayout::kNK, true, Epilogue::kAtomicAdd, bias)       \
+    HK_GEMM_CALL(Skinny, T, float, BLayout::kNK, true, GridZ::kSplitK, bias)       \
   }
 HK_GEMM_SPLITK(bf16, hk::bf16)
 HK_GEMM_SPLITK(f16, hk::f16)
+
+#define HK_BATCHED_GEMM(layout, kB, name, T)                                                 \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Square::kThreads, 2) void                            \
+      batched_gemm_a16w16_##layout##_##name(HK_GEMM_PARAMS(T, T), HK_GEMM_SIZES,             \
+                                            unsigned batch, unsigned long long stride_a,     \
+                                            unsigned long long stride_b,                     \
+                                            unsigned long long stride_c) {                   \
+    (void)batch; /* the grid's z */                                                          \
+    gemm<Square, T, T, kB, false, GridZ::kBatch>(c, a, b, nullptr, m, n, k, lda, ldb, ldc,   \
+                                                 {stride_a, stride_b, stride_c});            \
+  }
+HK_BATCHED_GEMM(nt, BLayout::kNK, bf16, hk::bf16)
+HK_BATCHED_GEMM(nt, BLayout::kNK, f16, hk::f16)
+HK_BATCHED_GEMM(nn, BLayout::kKN, bf16, hk::bf16)
+HK_BATCHED_GEMM(nn, BLayout::kKN, f16, hk::f16)

@@ -51,12 +51,18 @@ class Gemm:
         self.functions = {}
 
     def launch(self, name, c, a, b, bias, m, n, k, lda, ldb, ldc, splits=None):
+        """splits: split K's z (None: the contract's), or for batched kernels (batch, stride_a,
+        stride_b, stride_c)."""
         f = self.functions.get(name)
         if f is None:
             f = self.functions[name] = self.module.get_function(name)
         ptrs = [c, a, b] + ([bias] if bias is not None else [])
         args = tuple(np.uint64(p) for p in ptrs) + tuple(np.uint32(x) for x in (m, n, k, lda, ldb, ldc))
-        if "splitk" in name:
+        if name.startswith("batched"):
+            batch, sa, sb, sc = splits
+            args += (np.uint32(batch), np.uint64(sa), np.uint64(sb), np.uint64(sc))
+            grid = (math.ceil(n / TILE), math.ceil(m / TILE), batch)
+        elif "splitk" in name:
             grid = (math.ceil(n / TILE), math.ceil(m / SPLIT_TILE_M), splits or contract_splits(m, n, k))
         else:
             grid = (math.ceil(n / TILE), math.ceil(m / TILE), 1)
@@ -131,6 +137,30 @@ def check_case(g, layout, ty, bias_on, out_f32, m, n, k, pad=(0, 0, 0), offset=0
     return ok_values and untouched, worst, untouched, desc
 
 
+def check_batched(g, layout, ty, m, n, k, batch, shared_b):
+    """A batch of products, B shared (stride 0) or not, C in a poisoned buffer with guards."""
+    dt = DT[ty]
+    a = (torch.rand(batch, m, k, device="cuda") * 2 - 1).to(dt)
+    bshape = (n, k) if layout == "nt" else (k, n)
+    b = (torch.rand(1 if shared_b else batch, *bshape, device="cuda") * 2 - 1).to(dt)
+    guard = 1024
+    cbuf = torch.full((guard + batch * m * n + guard,), POISON, device="cuda", dtype=torch.int16).view(dt)
+    name = f"batched_gemm_a16w16_{layout}_{ty}"
+    g.launch(name, ptr(cbuf, guard), ptr(a), ptr(b), None, m, n, k, k, k if layout == "nt" else n, n,
+             (batch, m * k, 0 if shared_b else n * k, m * n))
+    torch.cuda.synchronize()
+    bk = b.double().transpose(1, 2) if layout == "nt" else b.double()
+    ref = a.double() @ bk
+    spread = ((a.double() ** 2) @ (bk ** 2)).sqrt()
+    bound = UNIT[ty] * ref.abs() + k * 2.0**-22 * spread
+    got = cbuf[guard : guard + batch * m * n].view(batch, m, n).double()
+    ok = bool(((got - ref).abs() <= bound).all())
+    bits = cbuf.view(torch.int16)
+    ok &= bool((bits[:guard] == POISON).all() and (bits[guard + batch * m * n :] == POISON).all())
+    worst = float(((got - ref).abs() / bound).max())
+    return ok, worst, f"{name:<34} m={m} n={n} k={k} batch={batch} shared_b={shared_b}"
+
+
 def run_checks(g):
     torch.manual_seed(1234)
     shapes = [
@@ -169,6 +199,14 @@ def run_checks(g):
         if not ok:
             failures += 1
             print(f"FAIL {desc} worst {worst:.3g} of bound, outside C untouched: {untouched}")
+    for j, (layout, ty) in enumerate([(l, t) for l in ("nt", "nn") for t in ("bf16", "f16")]):
+        for (m, n, k, batch) in [(127, 300, 200, 3), (256, 128, 4096, 8), (1, 4096, 4096, 2)]:
+            ok, worst, desc = check_batched(g, layout, ty, m, n, k, batch, shared_b=(j + m) % 2 == 0)
+            total += 1
+            worst_all = max(worst_all, worst)
+            if not ok:
+                failures += 1
+                print(f"FAIL {desc} worst {worst:.3g} of bound")
     print(f"checks: {total - failures}/{total} passed, worst error {worst_all:.3f} of the bound")
     # Negative controls: the same check must fail for a kernel that skips a k value.
     caught = 0
@@ -181,18 +219,27 @@ def run_checks(g):
     return failures == 0 and caught == len(controls)
 
 
-def bench_ms(fn, iters=20, warmup=3):
+def bench_ms(fn, rounds=7, warmup=3):
+    """Median over rounds of the mean time of one call, each round a batch of calls queued
+    back to back between two events: long enough (about 2 ms) that the host's launch overhead
+    overlaps the GPU's work instead of adding idle gaps to small kernels."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    fn()
+    e.record()
+    e.synchronize()
+    batch = max(1, min(200, int(2.0 / max(s.elapsed_time(e), 1e-3))))
     times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(rounds):
         s.record()
-        fn()
+        for _ in range(batch):
+            fn()
         e.record()
         e.synchronize()
-        times.append(s.elapsed_time(e))
+        times.append(s.elapsed_time(e) / batch)
     return statistics.median(times)
 
 

@@ -10,6 +10,10 @@
 //! with K split over the grid's z blocks (cases start C from random values and vary the split,
 //! including more splits than K has steps).
 //!
+//! `batched_gemm_a16w16_{nt,nn}_{bf16,f16}(c, a, b, m, n, k, lda, ldb, ldc, batch, stride_a,
+//! stride_b, stride_c)` computes `batch` products (C in the input type), matrix `i` of each
+//! operand `stride_*` elements after matrix `i − 1`; cases include a shared B (stride 0).
+//!
 //! Error bound of `C[i][j]`, with `u` the output's rounding (2⁻⁸ bf16, 2⁻¹¹ f16, 2⁻²⁴ f32):
 //! `u · |ref| + K · 2⁻²² · max over the case of sqrt(Σ_k A[i][k]² B[k][j]²)`. Products of 16-bit
 //! values are exact in f32, so the second term is the f32 accumulation alone: a generous
@@ -304,6 +308,104 @@ pub fn case(variant: Variant, shape: Shape, rng: &mut impl Rng) -> Case {
 
 /// `(m, n, k)`, or paddings `(lda, ldb, ldc past the row width)`.
 type Size = (usize, usize, usize);
+
+/// A batch of `batch` products of one shape, A matrices `stride_a` apart (NaN in between),
+/// B `stride_b` apart (0: one B for all), C `m · ldc` apart, so that C's rows are evenly
+/// strided through the whole batch.
+pub fn batched_case(
+    layout: Layout,
+    ty: ScalarType,
+    shape: Shape,
+    batch: usize,
+    (gap_a, stride_b_zero): (usize, bool),
+    rng: &mut impl Rng,
+) -> Case {
+    let Shape {
+        m,
+        n,
+        k,
+        lda,
+        ldb,
+        ldc,
+    } = shape;
+    let (b_rows, b_cols) = match layout {
+        Layout::Nt => (n, k),
+        Layout::Nn => (k, n),
+    };
+    let extent_a = (m - 1) * lda + k;
+    let extent_b = (b_rows - 1) * ldb + b_cols;
+    let stride_a = extent_a + gap_a;
+    let stride_b = if stride_b_zero { 0 } else { extent_b + 3 };
+    let stride_c = m * ldc;
+    let mut a = vec![f64::NAN; (batch - 1) * stride_a + extent_a];
+    let mut b = vec![f64::NAN; (batch - 1) * stride_b + extent_b];
+    let mut want = Vec::with_capacity(batch * m * n);
+    let mut spread = 0.0f64;
+    for i in 0..batch {
+        let ai = strided_input(rng, ty, m, k, lda);
+        a[i * stride_a..i * stride_a + extent_a].copy_from_slice(&ai);
+        if i == 0 || stride_b != 0 {
+            let bi = strided_input(rng, ty, b_rows, b_cols, ldb);
+            b[i * stride_b..i * stride_b + extent_b].copy_from_slice(&bi);
+        }
+        let bi = &b[i * stride_b..i * stride_b + extent_b];
+        let mut b_kn = vec![0.0; k * n];
+        for kk in 0..k {
+            for j in 0..n {
+                b_kn[kk * n + j] = match layout {
+                    Layout::Nt => bi[j * ldb + kk],
+                    Layout::Nn => bi[kk * ldb + j],
+                };
+            }
+        }
+        let (c, s) = reference(&shape, &ai, &b_kn, None);
+        want.extend(c);
+        spread = spread.max(s);
+    }
+    let variant = Variant {
+        layout,
+        ty,
+        bias: false,
+        out_f32: false,
+        split_k: None,
+    };
+    let unit = match ty {
+        ScalarType::Bf16 => 2f64.powi(-8),
+        _ => 2f64.powi(-11),
+    };
+    let mut args = vec![
+        CaseArg::Output {
+            name: "c",
+            elem: ty,
+            len: batch * stride_c,
+            expect: Expect::StridedClose {
+                want,
+                row_len: n,
+                stride: ldc,
+                abs: k as f64 * 2f64.powi(-22) * spread,
+                rel: unit,
+            },
+        },
+        CaseArg::input("a", ty, a),
+        CaseArg::input("b", ty, b),
+    ];
+    args.extend(
+        [m, n, k, lda, ldb, ldc, batch].map(|x| CaseArg::Scalar(ScalarValue::U32(x as u32))),
+    );
+    args.extend(
+        [stride_a, stride_b, stride_c].map(|x| CaseArg::Scalar(ScalarValue::U64(x as u64))),
+    );
+    let mut dims = launch_dims(m as u32, n as u32, false, 1);
+    dims.grid[2] = batch as u32;
+    Case {
+        kernel: format!("batched_{}", variant.symbol()),
+        label: format!(
+            "m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc} batch={batch} strides={stride_a},{stride_b},{stride_c}"
+        ),
+        args,
+        dims,
+    }
+}
 
 /// Sizes: tails in every dimension (1, 7, 127, 129, 257), the model sizes 4096 and 14336 where
 /// the f64 reference stays cheap, and K = 4104 (not a multiple of the 32-deep steps).
