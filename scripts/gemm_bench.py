@@ -4,7 +4,7 @@ torch.matmul (cuBLAS), in one run.
 
 Loads the module's cubin (unbundled from the bundle's gemm.hipfb) with CuPy and launches the
 kernels by hand with the launch of the contracts in manifests/gemm.toml (block 4 * 32, grid
-[ceil(n / 128), ceil(m / 128)]; split K [ceil(n / 128), ceil(m / 16), splits]): a development
+[ceil(n / 128), ceil(m / 128)]; split K [ceil(n / 64), ceil(m / 16), splits]): a development
 tool, not the product path (gpu_parity runs the same kernels through hkload).
 
 Checks: fresh random inputs (uniform in [-1, 1), rounded to the input type), every symbol
@@ -32,7 +32,7 @@ import torch
 
 TILE = 128
 BLOCK = 4 * 32
-SPLIT_TILE_M = 16
+SPLIT_TILE_M, SPLIT_TILE_N = 16, 64
 POISON = -1  # 0xffff.. bits: NaN in bf16, f16 and f32
 
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -63,7 +63,7 @@ class Gemm:
             args += (np.uint32(batch), np.uint64(sa), np.uint64(sb), np.uint64(sc))
             grid = (math.ceil(n / TILE), math.ceil(m / TILE), batch)
         elif "splitk" in name:
-            grid = (math.ceil(n / TILE), math.ceil(m / SPLIT_TILE_M), splits or contract_splits(m, n, k))
+            grid = (math.ceil(n / SPLIT_TILE_N), math.ceil(m / SPLIT_TILE_M), splits or contract_splits(m, n, k))
         else:
             grid = (math.ceil(n / TILE), math.ceil(m / TILE), 1)
         f(grid, (BLOCK, 1, 1), args)
@@ -74,9 +74,9 @@ COMPUTE_UNITS = 132  # the H100 SXM's SMs; main() checks the device agrees
 
 def contract_splits(m, n, k):
     """The split-K kernels' z, as their contract computes it."""
-    tiles = math.ceil(n / TILE) * math.ceil(m / SPLIT_TILE_M)
-    steps = math.ceil(k / 32)
-    return max(1, min(math.ceil(steps / 4), math.ceil(4 * COMPUTE_UNITS / tiles)))
+    tiles = math.ceil(n / SPLIT_TILE_N) * math.ceil(m / SPLIT_TILE_M)
+    steps = math.ceil(k / 128)
+    return max(1, min(math.ceil(steps / 4), math.ceil(2 * COMPUTE_UNITS / tiles)))
 
 
 def ptr(t, offset=0):

@@ -36,17 +36,17 @@ use rand::Rng;
 use crate::case::{Case, CaseArg, Expect};
 use crate::host::random_rounded;
 
-/// Columns of C one block computes.
+/// Columns of C one block computes (split K: 64).
 pub const TILE_N: u32 = 128;
 /// Threads in a block: four waves of 32 lanes.
 pub const BLOCK_THREADS: u32 = 4 * 32;
 
-/// The launch of the contracts: one block per block of C (128 x 128, or 16 x 128 for split K),
+/// The launch of the contracts: one block per block of C (128 x 128, or 16 x 64 for split K),
 /// x over n, y over m, `splits` blocks along z (1 but for split K).
 pub fn launch_dims(m: u32, n: u32, split_k: bool, splits: u32) -> LaunchDims {
-    let tile_m = if split_k { 16 } else { 128 };
+    let (tile_m, tile_n) = if split_k { (16, 64) } else { (128, TILE_N) };
     LaunchDims {
-        grid: [n.div_ceil(TILE_N), m.div_ceil(tile_m), splits],
+        grid: [n.div_ceil(tile_n), m.div_ceil(tile_m), splits],
         block: [BLOCK_THREADS, 1, 1],
         shared_bytes: 0,
     }
@@ -464,7 +464,7 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
             rng,
         ));
     }
-    // Split K: decode sizes, z from 1 to more splits than K has 32-deep steps (the extra
+    // Split K: decode sizes, z from 1 to more splits than K has 128-deep steps (the extra
     // blocks add nothing), views and unaligned rows.
     let split_shapes: [(Size, Size, u32); 6] = [
         ((1, 4096, 4096), (0, 0, 0), 9),
@@ -486,6 +486,21 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
             Shape::new(Layout::Nt, size, pad),
             rng,
         ));
+    }
+    // Batches: every symbol, ragged sizes, views, a B shared by the whole batch.
+    for (i, layout) in [Layout::Nt, Layout::Nn].into_iter().enumerate() {
+        for (j, ty) in [ScalarType::Bf16, ScalarType::F16].into_iter().enumerate() {
+            let shared_b = (i + j) % 2 == 0;
+            let batches = [
+                ((33, 70, 61), (3, 1, 2), 3, (5, shared_b)),
+                ((129, 64, 256), (0, 0, 0), 4, (0, !shared_b)),
+                ((1, 300, 1000), (8, 8, 8), 2, (8, false)),
+            ];
+            for (size, pad, batch, strides) in batches {
+                let shape = Shape::new(layout, size, pad);
+                cases.push(batched_case(layout, ty, shape, batch, strides, rng));
+            }
+        }
     }
     cases
 }
@@ -527,6 +542,10 @@ mod tests {
                     >= 2
             );
         }
+        for name in ["nt_bf16", "nt_f16", "nn_bf16", "nn_f16"] {
+            let symbol = format!("batched_gemm_a16w16_{name}");
+            assert_eq!(cases.iter().filter(|c| c.kernel == symbol).count(), 3);
+        }
         // The reference itself passes (gaps left as the poison), and an unwritten element
         // fails.
         let case = cases.iter().find(|c| c.label.starts_with("m=33")).unwrap();
@@ -559,7 +578,7 @@ mod tests {
     fn launch_covers_c() {
         let dims = launch_dims(129, 4096, false, 1);
         assert_eq!((dims.grid, dims.block), ([32, 2, 1], [128, 1, 1]));
-        assert_eq!(launch_dims(17, 100, true, 5).grid, [1, 2, 5]);
+        assert_eq!(launch_dims(17, 100, true, 5).grid, [2, 2, 5]);
         assert_eq!(round_to(ScalarType::Bf16, 1.0), 1.0);
     }
 }
