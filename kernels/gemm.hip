@@ -53,12 +53,16 @@ struct Tiling {
 };
 
 // Four waves of 64 x 64 (64 f32 accumulators a lane on AMD, 128 on NVIDIA), 3 stages of 16 KiB.
+// On the H100 (bf16, nt; TF/s at 4096^3, 8192^3, 2048x14336x4096, 8192x4096x14336): 320, 375,
+// 308, 376, against 306, 354, 318, 362 for eight warps of 64 x 32, and 250 to 335 for 128 x 128
+// in 2 stages, 128 x 64 in 4, 64 x 128 in 4 and eight warps of 256 x 128 or 128 x 256 in 2.
 using Square = Tiling<128, 128, 32, 2, 2, 3>;
 // Four waves of 16 x 16 side by side, 128 deep: little work is wasted on rows past a small m,
-// and each row of B is read 256 bytes at a time. Measured on the H100 against 16 x 128 x 32
-// with 5 stages, 16 x 64 x 64 with 4, 16 x 128 x 64 and 32 x 64 x 64 (split-K decode shapes of
-// Llama-3, each at its best split): the fastest or within 5% of it everywhere, e.g. m = 1,
-// n = k = 4096 in 14.6 µs against 19.1 for 16 x 128 x 32. AMD (not measured: no AMD GPU
+// and each row of B is read 256 bytes at a time. On the H100, against 16 x 128 x 32 in 5
+// stages, 16 x 128 x 64 in 2, 16 x 64 x 32 in 8, 16 x 64 x 64 in 4, 32 x 128 x 32 in 4 and
+// 32 x 64 x 64 in 3 (eight split-K decode shapes of Llama-3, m = 1 to 64, each at its best
+// split): the fastest on seven and within 10% on the eighth; m = 1, n = k = 4096 in 14.6 µs
+// against 19.1 for 16 x 128 x 32. AMD (not measured: no AMD GPU
 // here) takes it 64 deep, so that two blocks' LDS (2 stages of 10 KiB each) fit a CU's 64 KiB.
 #if HK_AMD
 using Skinny = Tiling<16, 64, 64, 1, 4, 2>;

@@ -17,14 +17,18 @@ u_out the output's rounding (2^-8 bf16, 2^-11 f16, 2^-24 f32); the second term i
 accumulation (products of 16-bit values are exact in f32), a generous statistical bound of
 K roundings of partial sums. A negative control (k - 1 passed to the kernel) must fail it.
 
-usage: gemm_bench.py CUBIN [--check-only | --bench-only]
+usage: gemm_bench.py CUBIN_OR_BUNDLE [--check-only | --bench-only]
+       (a bundle folder: the sm_90 cubin is read out of its gemm.hipfb)
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
+import struct
 import sys
+import tempfile
 
 import cupy
 import numpy as np
@@ -296,8 +300,30 @@ def run_bench(g):
     return rows
 
 
+def cubin_path(path, arch="sm_90"):
+    """path itself, or for a bundle folder the cubin for arch written out of its gemm.hipfb
+    (a clang offload bundle: magic, entry count, then offset, size, id length and id per entry;
+    clang-offload-bundler itself declines to unbundle its `cuda` entries)."""
+    if not os.path.isdir(path):
+        return path
+    data = open(os.path.join(path, "gemm.hipfb"), "rb").read()
+    if data[:24] != b"__CLANG_OFFLOAD_BUNDLE__":
+        sys.exit(f"{path}/gemm.hipfb is not a plain offload bundle (built with --compress?)")
+    (count,) = struct.unpack_from("<Q", data, 24)
+    at = 32
+    for _ in range(count):
+        offset, size, id_len = struct.unpack_from("<QQQ", data, at)
+        entry = data[at + 24 : at + 24 + id_len].decode()
+        at += 24 + id_len
+        if entry == f"cuda-nvptx64-nvidia-cuda-{arch}":
+            out = os.path.join(tempfile.mkdtemp(), f"gemm_{arch}.cubin")
+            open(out, "wb").write(data[offset : offset + size])
+            return out
+    sys.exit(f"{path}/gemm.hipfb has no {arch} cubin")
+
+
 def main():
-    cubin = sys.argv[1]
+    cubin = cubin_path(sys.argv[1])
     mode = sys.argv[2] if len(sys.argv) > 2 else ""
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "cupy", cupy.__version__)
     global COMPUTE_UNITS
