@@ -151,8 +151,12 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
       kB == BLayout::kNK ? hk::tile::GlobalMatrix<T>{b, n, k, ldb}
                          : hk::tile::GlobalMatrix<T>{b, k, n, ldb};
   // Where step s's B block starts in gb.
-  const auto b_row = [&](unsigned s) HK_INLINE { return kB == BLayout::kNK ? col0 : s * Tl::kTileK; };
-  const auto b_col = [&](unsigned s) HK_INLINE { return kB == BLayout::kNK ? s * Tl::kTileK : col0; };
+  const auto b_row = [&](unsigned s) HK_INLINE {
+    return kB == BLayout::kNK ? col0 : s * Tl::kTileK;
+  };
+  const auto b_col = [&](unsigned s) HK_INLINE {
+    return kB == BLayout::kNK ? s * Tl::kTileK : col0;
+  };
 
   // The sums start from the bias (for split K, in the first split only): loaded here, where
   // few registers are live, rather than next to the stores, where all the accumulators are.

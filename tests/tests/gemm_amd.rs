@@ -3,6 +3,10 @@
 //! its LDS under the target's limit, and contain the MFMA instructions of its element type
 //! (read back by `llvm-objdump --mcpu=<target>`, not taken from our own metadata). And
 //! `no_spills = true`, which the module's manifest sets, must fail a build that spills.
+//!
+//! With `HK_TINYGRAD` set to a tinygrad source tree, the gfx942 and gfx950 code also runs on
+//! its CDNA emulator against an f64 reference (`tests/emu/gemm_emu.py`); without it that test
+//! says it skipped and passes.
 
 mod common;
 
@@ -144,6 +148,25 @@ fn gemm_fits_every_amd_target_and_uses_its_mfma() {
             );
         }
     }
+}
+
+#[test]
+fn gemm_computes_on_the_cdna_emulator() {
+    let Some(tree) = std::env::var_os("HK_TINYGRAD") else {
+        eprintln!("skipped: set HK_TINYGRAD to a tinygrad source tree to run the CDNA emulator");
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let bundle = build_gemm(scratch.path());
+    let output = Command::new("python3")
+        .arg(repo().join("tests/emu/gemm_emu.py"))
+        .arg(&bundle)
+        .env("HK_TINYGRAD", tree)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "gemm_emu.py failed");
 }
 
 /// The instructions of function `symbol` in `llvm-objdump -d` output.

@@ -67,11 +67,14 @@ HK_DEVICE void copy_async(Tile& s, const GlobalMatrix<T>& g, unsigned row0, unsi
     if (Deal::skip(thread + i * kThreads)) break;
     const detail::ChunkAt<Tile> c(thread + i * kThreads, detail::left(g.rows, row0),
                                   detail::left(g.cols, col0));
-    // A chunk wholly outside reads nothing (src-size 0) but still needs a valid address.
+    // A chunk wholly outside reads nothing (src-size 0) but still needs a valid address. The
+    // size goes in as an int: a 64-bit value there crashed clang 22's NVPTX backend ("copy one
+    // register into another with a different width").
     const T* src = c.valid ? g.row(row0 + c.row) + col0 + c.col : g.data;
     __nvvm_cp_async_cg_shared_global_16(
         (__attribute__((address_space(3))) void*)s.at(c.row, c.col),
-        (__attribute__((address_space(1))) const void*)src, static_cast<int>(c.valid * sizeof(T)));
+        (__attribute__((address_space(1))) const void*)src,
+        static_cast<int>(c.valid * sizeof(T)));
   }
 }
 
@@ -115,8 +118,9 @@ template <class Tile, unsigned kThreads> struct StagedCopy {
     for (unsigned i = 0; i < kPerThread; ++i) {
       const unsigned at = thread + i * kThreads;
       if (Deal::skip(at)) break;
-      *reinterpret_cast<u32x4*>(s.at(at / Tile::kChunksPerRow, at % Tile::kChunksPerRow * Tile::kChunk)) =
-          chunk[i];
+      const unsigned row = at / Tile::kChunksPerRow;
+      const unsigned col = at % Tile::kChunksPerRow * Tile::kChunk;
+      *reinterpret_cast<u32x4*>(s.at(row, col)) = chunk[i];
     }
   }
 };

@@ -58,7 +58,8 @@ template <typename T> struct MmaAtom {
     const unsigned l = lane_id();
     B b;
 #pragma unroll
-    for (unsigned j = 0; j < kPerLane; ++j) b.v[j] = *s.at(k0 + kPerLane * (l / 16) + j, n0 + l % 16);
+    for (unsigned j = 0; j < kPerLane; ++j)
+      b.v[j] = *s.at(k0 + kPerLane * (l / 16) + j, n0 + l % 16);
     return b;
   }
 

@@ -11,8 +11,8 @@
 //   A (16x16, row major)   a[0]: A[g][2t, 2t+1]      a[1]: A[g+8][2t, 2t+1]
 //                          a[2]: A[g][2t+8, 2t+9]    a[3]: A[g+8][2t+8, 2t+9]
 //   B (16x8, per half h)   b[2h]: B[2t, 2t+1][g]     b[2h+1]: B[2t+8, 2t+9][g]  (k pairs, column g)
-//   C, D (16x8, half h)    c[4h]: C[g][2t]  c[4h+1]: C[g][2t+1]  c[4h+2]: C[g+8][2t]  c[4h+3]: C[g+8][2t+1]
-//                          (columns 8h + those)
+//   C, D (16x8, half h)    c[4h]: C[g][2t]      c[4h+1]: C[g][2t+1]
+//                          c[4h+2]: C[g+8][2t]  c[4h+3]: C[g+8][2t+1]   (columns 8h + those)
 //
 // ldmatrix.m8n8.x4 reads four 8x8 matrices of 16-bit elements: lanes 8i..8i+7 give the
 // addresses of matrix i's 8 rows (16 bytes each), and register i of lane l receives matrix i's
