@@ -13,6 +13,11 @@
 //   (so C must hold what the product adds to, zeros for a plain product, and the sum's
 //   rounding order varies from run to run). Any z is correct; the contract picks one that
 //   fills the device.
+// gemm_a16w16_gated_{silu,gelu_tanh}_{bf16,f16}(c, a, w_gate, w_up, m, n, k, lda, ldb, ldc)
+//   C = act(A·W_gateᵀ) ⊙ (A·W_upᵀ) in the input type (a Llama MLP's gate and up projections
+//   and its silu_and_mul in one pass; both weights [N][K] with leading dimension ldb, so the
+//   halves of a fused [2N][K] weight are w and w + n·ldb); act silu or gelu (tanh form).
+//   Blocks of 128 x 64.
 // batched_gemm_a16w16_{nt,nn}_{bf16,f16}(c, a, b, m, n, k, lda, ldb, ldc, batch, stride_a,
 //   stride_b, stride_c): batch products C_i = A_i·B_i (as _nt / _nn) in the input type, matrix i
 //   of each starting stride_* elements after matrix i - 1 (a stride of 0 shares one matrix, a
@@ -69,17 +74,21 @@ using Skinny = Tiling<16, 64, 64, 1, 4, 2>;
 #else
 using Skinny = Tiling<16, 64, 128, 1, 4, 2>;
 #endif
+// The gated GEMM's two products: four waves of 64 x 32 each (NVIDIA: 2 x 64 accumulators a
+// lane, as many as Square's one product), B blocks of 64 rows for each weight.
+using GatedTiling = Tiling<128, 64, 32, 2, 2, 3>;
 
 // Consecutive blocks walk kGroupM block rows of C column by column, so the B blocks they read
 // are shared through L2 by kGroupM blocks at once instead of streaming from memory per row.
 constexpr unsigned kGroupM = 8;
 
-// One step's A and B blocks in shared memory; B as stored.
-template <class Tl, typename T, BLayout kB> struct Stage {
+// One step's A and B blocks in shared memory (B as stored; kProducts of them for a gated
+// GEMM, which multiplies A by two matrices).
+template <class Tl, typename T, BLayout kB, unsigned kProducts> struct Stage {
+  using BTile = hk::tile::SharedTile<T, kB == BLayout::kNK ? Tl::kTileN : Tl::kTileK,
+                                     kB == BLayout::kNK ? Tl::kTileK : Tl::kTileN>;
   hk::tile::SharedTile<T, Tl::kTileM, Tl::kTileK> a;
-  hk::tile::SharedTile<T, kB == BLayout::kNK ? Tl::kTileN : Tl::kTileK,
-                       kB == BLayout::kNK ? Tl::kTileK : Tl::kTileN>
-      b;
+  BTile b[kProducts];
 };
 
 struct BlockTile {
@@ -107,15 +116,35 @@ enum class Epilogue {
   kAtomicAdd,  // C += sum (+ bias from the first K split), f32
 };
 
+// What C is made of: one product (Plain), or, for the gated GEMM, act(A·W_gateᵀ) ⊙ A·W_upᵀ
+// from two products (the activation as the gated activations kernels compute it).
+struct Plain {
+  static constexpr unsigned kProducts = 1;
+};
+struct SiluGate {
+  static constexpr unsigned kProducts = 2;
+  HK_DEVICE float operator()(float x) const { return x * hk::sigmoid(x); }
+};
+struct GeluTanhGate {
+  static constexpr unsigned kProducts = 2;
+  HK_DEVICE float operator()(float x) const {
+    return 0.5f * x * (1.0f + hk::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+  }
+};
+
 // Element strides between the matrices of a batch.
 struct BatchStrides {
   unsigned long long a, b, c;
 };
 
-template <class Tl, typename T, typename Out, BLayout kB, bool kBias, GridZ kZ>
+template <class Tl, typename T, typename Out, BLayout kB, bool kBias, GridZ kZ,
+          class Combine = Plain>
 HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
                     const T* __restrict__ bias, unsigned m, unsigned n, unsigned k, unsigned lda,
-                    unsigned ldb, unsigned ldc, BatchStrides strides = {}) {
+                    unsigned ldb, unsigned ldc, BatchStrides strides = {},
+                    const T* __restrict__ b_up = nullptr) {
+  constexpr unsigned kProducts = Combine::kProducts;
+  static_assert(kProducts == 1 || (!kBias && kZ == GridZ::kNone), "gated: no bias, no grid z");
   constexpr Epilogue kEpilogue = kZ == GridZ::kSplitK ? Epilogue::kAtomicAdd : Epilogue::kStore;
   if constexpr (kZ == GridZ::kBatch) {
     const unsigned long long i = hk::block_idx_z();
@@ -123,7 +152,7 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
     b += i * strides.b;
     c += i * strides.c;
   }
-  using StageT = Stage<Tl, T, kB>;
+  using StageT = Stage<Tl, T, kB, kProducts>;
   __shared__ StageT stage[Tl::kStages];
   using Acc = hk::tile::Accumulators<T, Tl::kWaveRows / 16, Tl::kWaveCols / 16>;
   using Atom = typename Acc::Atom;
@@ -147,9 +176,13 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
   const unsigned wave_col = wave % Tl::kWavesN * Tl::kWaveCols;
 
   const hk::tile::GlobalMatrix<T> ga{a, m, k, lda};
-  const hk::tile::GlobalMatrix<T> gb =
-      kB == BLayout::kNK ? hk::tile::GlobalMatrix<T>{b, n, k, ldb}
-                         : hk::tile::GlobalMatrix<T>{b, k, n, ldb};
+  hk::tile::GlobalMatrix<T> gb[kProducts];
+#pragma unroll
+  for (unsigned p = 0; p < kProducts; ++p) {
+    const T* bp = p == 0 ? b : b_up;
+    gb[p] = kB == BLayout::kNK ? hk::tile::GlobalMatrix<T>{bp, n, k, ldb}
+                               : hk::tile::GlobalMatrix<T>{bp, k, n, ldb};
+  }
   // Where step s's B block starts in gb.
   const auto b_row = [&](unsigned s) HK_INLINE {
     return kB == BLayout::kNK ? col0 : s * Tl::kTileK;
@@ -160,30 +193,38 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
 
   // The sums start from the bias (for split K, in the first split only): loaded here, where
   // few registers are live, rather than next to the stores, where all the accumulators are.
-  Acc acc;
+  Acc acc[kProducts];
   const bool add_bias = kBias && (kEpilogue == Epilogue::kStore || hk::block_idx_z() == 0);
   if (add_bias) {
-    acc.set([&](unsigned, unsigned col) HK_INLINE {
+    acc[0].set([&](unsigned, unsigned col) HK_INLINE {
       const unsigned column = col0 + wave_col + col;
       return column < n ? hk::to_float(bias[column]) : 0.0f;
     });
   } else {
-    acc.zero();
+    acc[0].zero();
   }
+  if constexpr (kProducts == 2) acc[1].zero();
   const auto multiply = [&](const StageT& s) HK_INLINE {
 #pragma unroll
     for (unsigned kk = 0; kk < Tl::kTileK; kk += Atom::kK)
-      hk::tile::mma<kB>(acc, s.a, s.b, wave_row, wave_col, kk);
+#pragma unroll
+      for (unsigned p = 0; p < kProducts; ++p)
+        hk::tile::mma<kB>(acc[p], s.a, s.b[p], wave_row, wave_col, kk);
   };
 
-  const bool a_vector = ga.vector_rows(), b_vector = gb.vector_rows();
+  const bool a_vector = ga.vector_rows();
+  bool b_vector = true;
+#pragma unroll
+  for (unsigned p = 0; p < kProducts; ++p) b_vector = b_vector && gb[p].vector_rows();
 #if HK_NVIDIA
   if (a_vector && b_vector) {
     constexpr unsigned kStages = Tl::kStages;
     const auto copy = [&](unsigned s) HK_INLINE {
       StageT& to = stage[(s - first) % kStages];
       hk::tile::copy_async<Tl::kThreads>(to.a, ga, row0, s * Tl::kTileK, thread);
-      hk::tile::copy_async<Tl::kThreads>(to.b, gb, b_row(s), b_col(s), thread);
+#pragma unroll
+      for (unsigned p = 0; p < kProducts; ++p)
+        hk::tile::copy_async<Tl::kThreads>(to.b[p], gb[p], b_row(s), b_col(s), thread);
     };
 #pragma unroll
     for (unsigned s = first; s + 1 < first + kStages; ++s) {
@@ -203,14 +244,18 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
 #endif
   {
     hk::tile::StagedCopy<decltype(StageT::a), Tl::kThreads> next_a;
-    hk::tile::StagedCopy<decltype(StageT::b), Tl::kThreads> next_b;
+    using BTile = typename StageT::BTile;
+    hk::tile::StagedCopy<BTile, Tl::kThreads> next_b[kProducts];
     const auto fetch = [&](unsigned s) HK_INLINE {
       next_a.fetch(ga, row0, s * Tl::kTileK, thread, a_vector);
-      next_b.fetch(gb, b_row(s), b_col(s), thread, b_vector);
+#pragma unroll
+      for (unsigned p = 0; p < kProducts; ++p)
+        next_b[p].fetch(gb[p], b_row(s), b_col(s), thread, b_vector);
     };
     const auto store = [&](StageT& to) HK_INLINE {
       next_a.store(to.a, thread);
-      next_b.store(to.b, thread);
+#pragma unroll
+      for (unsigned p = 0; p < kProducts; ++p) next_b[p].store(to.b[p], thread);
     };
 #if HK_NVIDIA
     // Unaligned rows, NVIDIA's slow path: no overlap, so that the staged chunks do not add to
@@ -238,7 +283,7 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
 #endif
   }
 
-  acc.for_each([&](unsigned r, unsigned col, float v) HK_INLINE {
+  const auto put = [&](unsigned r, unsigned col, float v) HK_INLINE {
     const unsigned row = row0 + wave_row + r, column = col0 + wave_col + col;
     if (row < m && column < n) {
       Out* to = c + static_cast<unsigned long long>(row) * ldc + column;
@@ -247,7 +292,13 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
       else
         *to = hk::from_float<Out>(v);
     }
-  });
+  };
+  if constexpr (kProducts == 1) {
+    acc[0].for_each(put);
+  } else {
+    hk::tile::for_each_pair(acc[0], acc[1], [&](unsigned r, unsigned col, float gate, float up)
+                                                HK_INLINE { put(r, col, Combine{}(gate) * up); });
+  }
 }
 
 }  // namespace
@@ -302,3 +353,15 @@ HK_BATCHED_GEMM(nt, BLayout::kNK, bf16, hk::bf16)
 HK_BATCHED_GEMM(nt, BLayout::kNK, f16, hk::f16)
 HK_BATCHED_GEMM(nn, BLayout::kKN, bf16, hk::bf16)
 HK_BATCHED_GEMM(nn, BLayout::kKN, f16, hk::f16)
+
+#define HK_GATED_GEMM(act, Combine, name, T)                                                 \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(GatedTiling::kThreads, 2) void                       \
+      gemm_a16w16_gated_##act##_##name(T* c, const T* a, const T* w_gate, const T* w_up,     \
+                                       HK_GEMM_SIZES) {                                      \
+    gemm<GatedTiling, T, T, BLayout::kNK, false, GridZ::kNone, Combine>(                     \
+        c, a, w_gate, nullptr, m, n, k, lda, ldb, ldc, {}, w_up);                            \
+  }
+HK_GATED_GEMM(silu, SiluGate, bf16, hk::bf16)
+HK_GATED_GEMM(silu, SiluGate, f16, hk::f16)
+HK_GATED_GEMM(gelu_tanh, GeluTanhGate, bf16, hk::bf16)
+HK_GATED_GEMM(gelu_tanh, GeluTanhGate, f16, hk::f16)

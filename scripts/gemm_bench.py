@@ -66,6 +66,8 @@ class Gemm:
             batch, sa, sb, sc = splits
             args += (np.uint32(batch), np.uint64(sa), np.uint64(sb), np.uint64(sc))
             grid = (math.ceil(n / TILE), math.ceil(m / TILE), batch)
+        elif "gated" in name:  # bias slot: w_up
+            grid = (math.ceil(n / 64), math.ceil(m / TILE), 1)
         elif "splitk" in name:
             grid = (math.ceil(n / SPLIT_TILE_N), math.ceil(m / SPLIT_TILE_M), splits or contract_splits(m, n, k))
         else:
@@ -165,6 +167,34 @@ def check_batched(g, layout, ty, m, n, k, batch, shared_b):
     return ok, worst, f"{name:<34} m={m} n={n} k={k} batch={batch} shared_b={shared_b}"
 
 
+ACT = {"silu": lambda x: x * torch.sigmoid(x),
+       "gelu_tanh": lambda x: 0.5 * x * (1 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))}
+
+
+def check_gated(g, act, ty, m, n, k):
+    """C = act(A·W_gateᵀ) ⊙ (A·W_upᵀ), C poisoned with guards."""
+    dt = DT[ty]
+    a = (torch.rand(m, k, device="cuda") * 2 - 1).to(dt)
+    wg = (torch.rand(n, k, device="cuda") * 2 - 1).to(dt)
+    wu = (torch.rand(n, k, device="cuda") * 2 - 1).to(dt)
+    guard = 1024
+    cbuf = torch.full((guard + m * n + guard,), POISON, device="cuda", dtype=torch.int16).view(dt)
+    name = f"gemm_a16w16_gated_{act}_{ty}"
+    g.launch(name, ptr(cbuf, guard), ptr(a), ptr(wg), ptr(wu), m, n, k, k, k, n)
+    torch.cuda.synchronize()
+    a64 = a.double()
+    gate, up = a64 @ wg.double().t(), a64 @ wu.double().t()
+    ref = ACT[act](gate) * up
+    spread = torch.maximum(((a64**2) @ (wg.double().t() ** 2)).sqrt(), ((a64**2) @ (wu.double().t() ** 2)).sqrt())
+    e = k * 2.0**-22 * spread
+    bound = UNIT[ty] * ref.abs() + e * (1.2 * up.abs() + ACT[act](gate).abs())
+    got = cbuf[guard : guard + m * n].view(m, n).double()
+    ok = bool(((got - ref).abs() <= bound).all())
+    bits = cbuf.view(torch.int16)
+    ok &= bool((bits[:guard] == POISON).all() and (bits[guard + m * n :] == POISON).all())
+    return ok, float(((got - ref).abs() / bound).max()), f"{name:<34} m={m} n={n} k={k}"
+
+
 def run_checks(g):
     torch.manual_seed(1234)
     shapes = [
@@ -211,6 +241,15 @@ def run_checks(g):
             if not ok:
                 failures += 1
                 print(f"FAIL {desc} worst {worst:.3g} of bound")
+    for act in ("silu", "gelu_tanh"):
+        for ty in ("bf16", "f16"):
+            for (m, n, k) in [(1, 1, 1), (127, 300, 61), (130, 14336, 4096), (2048, 64, 4096)]:
+                ok, worst, desc = check_gated(g, act, ty, m, n, k)
+                total += 1
+                worst_all = max(worst_all, worst)
+                if not ok:
+                    failures += 1
+                    print(f"FAIL {desc} worst {worst:.3g} of bound")
     print(f"checks: {total - failures}/{total} passed, worst error {worst_all:.3f} of the bound")
     # Negative controls: the same check must fail for a kernel that skips a k value.
     caught = 0
@@ -297,6 +336,17 @@ def run_bench(g):
         split_text = f"{t_split:>9.4f}" if t_split is not None else f"{'-':>9}"
         print(f"{m:>5} {n:>6} {k:>6} {row[3]:>9.4f} {row[4]:>9.1f} {split_text} {row[6]:>9.4f} {row[7]:>11.1f} {row[8]:>6.2f} {row[9]:>9.0f} {row[10]:>9.0f}", flush=True)
         del a, w, c, src, dst
+    print("gated (Llama MLP gate and up with silu_and_mul): gemm_a16w16_gated_silu_bf16 against torch eager "
+          "(two matmuls, silu, mul), TF/s counting the two products")
+    for m, n, k in [(2048, 14336, 4096), (8192, 14336, 4096)]:
+        a = (torch.rand(m, k, device="cuda") * 2 - 1).to(torch.bfloat16)
+        wg = (torch.rand(n, k, device="cuda") * 2 - 1).to(torch.bfloat16)
+        wu = (torch.rand(n, k, device="cuda") * 2 - 1).to(torch.bfloat16)
+        c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        t_ours = bench_ms(lambda: g.launch("gemm_a16w16_gated_silu_bf16", ptr(c), ptr(a), ptr(wg), ptr(wu), m, n, k, k, k, n))
+        t_theirs = bench_ms(lambda: torch.nn.functional.silu(a @ wg.t()) * (a @ wu.t()))
+        flop = 4.0 * m * n * k
+        print(f"{m:>5} {n:>6} {k:>6}  ours {t_ours:.4f} ms {flop / t_ours / 1e9:6.1f} TF/s   torch {t_theirs:.4f} ms {flop / t_theirs / 1e9:6.1f} TF/s   ratio {t_theirs / t_ours:.2f}", flush=True)
     return rows
 
 

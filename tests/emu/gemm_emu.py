@@ -255,13 +255,27 @@ def check(np, run_asm, co, meta, case, rng):
             ref = ref + start
         want.append(ref)
         spread.append(np.sqrt((ai * ai) @ (bk * bk)))
+    gated = kind == "gated"
+    if gated:  # a second weight, W_up; C = silu(A·W_gateᵀ) ⊙ (A·W_upᵀ)
+        u_bits, u_vals = to_bits(np, rng.uniform(-1, 1, stride_b), ty)
+        w_up = Buffer(np, stride_b, np.uint16, 0)
+        w_up.view[:] = u_bits
+        gate = want[0]
+        ub = u_vals.reshape(b_rows, ldb)[:, :b_cols]
+        up = a_vals.reshape(m, lda)[:, :k] @ ub.T
+        silu = gate / (1 + np.exp(-gate))
+        want = [silu * up]
+        e = k * 2.0 ** -22 * np.maximum(spread[0], np.sqrt((a_vals.reshape(m, lda)[:, :k] ** 2) @ (ub.T ** 2)))
+        spread = [e * (1.2 * np.abs(up) + np.abs(silu)) / (k * 2.0 ** -22)]
     if kind == "gemm":
         name, grid = f"gemm_a16w16_{layout}_{ty}", (math.ceil(n / 128), math.ceil(m / 128), 1)
+    elif gated:
+        name, grid = f"gemm_a16w16_gated_silu_{ty}", (math.ceil(n / 64), math.ceil(m / 128), 1)
     elif kind == "batched":
         name, grid = f"batched_gemm_a16w16_{layout}_{ty}", (math.ceil(n / 128), math.ceil(m / 128), batch)
     else:
         name, grid = f"gemm_a16w16_splitk_nt_{ty}", (math.ceil(n / 64), math.ceil(m / 16), z)
-    explicit = [c.address, a.address, b.address, m, n, k, lda, ldb, ldc]
+    explicit = [c.address, a.address, b.address] + ([w_up.address] if gated else []) + [m, n, k, lda, ldb, ldc]
     if kind == "batched":
         explicit += [batch, stride_a, stride_b, stride_c]
     launch(run_asm, co, meta, name, grid, (256, 1, 1), explicit)
@@ -291,6 +305,7 @@ CASES = [
     ("gemm", "nn", "bf16", 20, 140, 100, (0, 4, 0), 1),
     ("splitk", "nt", "bf16", 5, 70, 300, (0, 0, 1), 3),   # K split 3 ways, C added to
     ("batched", "nt", "bf16", 17, 40, 48, (0, 0, 2), 2),
+    ("gated", "nt", "f16", 20, 70, 40, (0, 0, 1), 1),
 ]
 
 

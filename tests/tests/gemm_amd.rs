@@ -61,7 +61,7 @@ fn gemm_fits_every_amd_target_and_uses_its_mfma() {
 
     let kernels = Bundle::open(&bundle).unwrap();
     let records = kernels.kernel_records().unwrap();
-    assert_eq!(records.len(), 24);
+    assert_eq!(records.len(), 28);
     for record in &records {
         for &(target, lds_limit, ..) in &TARGETS {
             let target: TargetId = target.parse().unwrap();

@@ -10,6 +10,10 @@
 //! with K split over the grid's z blocks (cases start C from random values and vary the split,
 //! including more splits than K has steps).
 //!
+//! `gemm_a16w16_gated_{silu,gelu_tanh}_{bf16,f16}(c, a, w_gate, w_up, m, n, k, lda, ldb, ldc)`
+//! computes `C = act(A·W_gateᵀ) ⊙ (A·W_upᵀ)` in the input type (both weights `[N][K]`); its
+//! bound carries each product's through the activation (slope at most 1.2 for both).
+//!
 //! `batched_gemm_a16w16_{nt,nn}_{bf16,f16}(c, a, b, m, n, k, lda, ldb, ldc, batch, stride_a,
 //! stride_b, stride_c)` computes `batch` products (C in the input type), matrix `i` of each
 //! operand `stride_*` elements after matrix `i − 1`; cases include a shared B (stride 0).
@@ -35,6 +39,7 @@ use rand::Rng;
 
 use crate::case::{Case, CaseArg, Expect};
 use crate::host::random_rounded;
+use crate::kernels::activation::Activation;
 
 /// Columns of C one block computes (split K: 64).
 pub const TILE_N: u32 = 128;
@@ -407,6 +412,75 @@ pub fn batched_case(
     }
 }
 
+/// `C = act(A·W_gateᵀ) ⊙ (A·W_upᵀ)` for `act` silu or gelu-tanh, on fresh random inputs.
+pub fn gated_case(act: Activation, ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Case {
+    let Shape {
+        m,
+        n,
+        k,
+        lda,
+        ldb,
+        ldc,
+    } = shape;
+    let a = strided_input(rng, ty, m, k, lda);
+    let weights: Vec<Vec<f64>> = (0..2).map(|_| strided_input(rng, ty, n, k, ldb)).collect();
+    let products: Vec<(Vec<f64>, f64)> = weights
+        .iter()
+        .map(|w| {
+            let mut b_kn = vec![0.0; k * n];
+            for j in 0..n {
+                for kk in 0..k {
+                    b_kn[kk * n + j] = w[j * ldb + kk];
+                }
+            }
+            reference(&shape, &a, &b_kn, None)
+        })
+        .collect();
+    let (gate, up) = (&products[0].0, &products[1].0);
+    let want: Vec<f64> = gate
+        .iter()
+        .zip(up)
+        .map(|(&g, &u)| act.apply(g) * u)
+        .collect();
+    // Each product within e of its exact value moves act(g)·u by at most 1.2·e·|u| + |act(g)|·e.
+    let e = k as f64 * 2f64.powi(-22) * products[0].1.max(products[1].1);
+    let up_max = up.iter().fold(0.0f64, |x, &u| x.max(u.abs()));
+    let act_max = gate.iter().fold(0.0f64, |x, &g| x.max(act.apply(g).abs()));
+    let unit = match ty {
+        ScalarType::Bf16 => 2f64.powi(-8),
+        _ => 2f64.powi(-11),
+    };
+    let [w_gate, w_up]: [Vec<f64>; 2] = weights.try_into().unwrap();
+    let mut args = vec![
+        CaseArg::Output {
+            name: "c",
+            elem: ty,
+            len: m * ldc,
+            expect: Expect::StridedClose {
+                want,
+                row_len: n,
+                stride: ldc,
+                abs: e * (1.2 * up_max + act_max),
+                rel: unit,
+            },
+        },
+        CaseArg::input("a", ty, a),
+        CaseArg::input("w_gate", ty, w_gate),
+        CaseArg::input("w_up", ty, w_up),
+    ];
+    args.extend([m, n, k, lda, ldb, ldc].map(|x| CaseArg::Scalar(ScalarValue::U32(x as u32))));
+    Case {
+        kernel: format!("gemm_a16w16_gated_{}_{}", act.name(), ty.name()),
+        label: format!("m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc}"),
+        args,
+        dims: LaunchDims {
+            grid: [(n as u32).div_ceil(64), (m as u32).div_ceil(128), 1],
+            block: [BLOCK_THREADS, 1, 1],
+            shared_bytes: 0,
+        },
+    }
+}
+
 /// Sizes: tails in every dimension (1, 7, 127, 129, 257), the model sizes 4096 and 14336 where
 /// the f64 reference stays cheap, and K = 4104 (not a multiple of the 32-deep steps).
 const SHAPES: [Size; 18] = [
@@ -502,6 +576,19 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
             }
         }
     }
+    // Gated: both activations and types, tails, views, unaligned rows, a Llama-sized K.
+    for act in [Activation::Silu, Activation::GeluTanh] {
+        for ty in [ScalarType::Bf16, ScalarType::F16] {
+            for (size, pad) in [
+                ((1, 1, 1), (0, 0, 0)),
+                ((33, 70, 61), (3, 1, 2)),
+                ((130, 129, 256), (8, 8, 3)),
+                ((7, 300, 4096), (0, 0, 0)),
+            ] {
+                cases.push(gated_case(act, ty, Shape::new(Layout::Nt, size, pad), rng));
+            }
+        }
+    }
     cases
 }
 
@@ -545,6 +632,10 @@ mod tests {
         for name in ["nt_bf16", "nt_f16", "nn_bf16", "nn_f16"] {
             let symbol = format!("batched_gemm_a16w16_{name}");
             assert_eq!(cases.iter().filter(|c| c.kernel == symbol).count(), 3);
+        }
+        for name in ["silu_bf16", "silu_f16", "gelu_tanh_bf16", "gelu_tanh_f16"] {
+            let symbol = format!("gemm_a16w16_gated_{name}");
+            assert_eq!(cases.iter().filter(|c| c.kernel == symbol).count(), 4);
         }
         // The reference itself passes (gaps left as the poison), and an unwritten element
         // fails.

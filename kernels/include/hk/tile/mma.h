@@ -68,6 +68,19 @@ template <typename T, unsigned kTilesM_, unsigned kTilesN_> struct Accumulators 
   }
 };
 
+// Calls f(row, col, x, y) for every accumulator of the lane in a and b (the same positions).
+template <class Acc, typename F> HK_DEVICE void for_each_pair(const Acc& a, const Acc& b, F f) {
+  using Atom = typename Acc::Atom;
+#pragma unroll
+  for (unsigned i = 0; i < Acc::kTilesM; ++i)
+#pragma unroll
+    for (unsigned j = 0; j < Acc::kTilesN; ++j)
+#pragma unroll
+      for (unsigned v = 0; v < Atom::C::kSize; ++v)
+        f(i * Atom::kM + Atom::row(v), j * Atom::kN + Atom::col(v), a.tile[i][j].v[v],
+          b.tile[i][j].v[v]);
+}
+
 // acc += A[row0 .., k0 .. k0 + kK) · B[k0 .. k0 + kK, col0 ..): a is a shared [M][K] tile, b a
 // shared tile stored as kB says; row0 and col0 are the wave block's corner in them.
 template <BLayout kB, class Acc, class ATile, class BTile>
