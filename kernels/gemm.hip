@@ -117,7 +117,7 @@ enum class Epilogue {
 };
 
 // What C is made of: one product (Plain), or, for the gated GEMM, act(A·W_gateᵀ) ⊙ A·W_upᵀ
-// from two products (the activation as the gated activations kernels compute it).
+// from two products (each activation computed as kernels/activation.hip computes it).
 struct Plain {
   static constexpr unsigned kProducts = 1;
 };
@@ -125,10 +125,13 @@ struct SiluGate {
   static constexpr unsigned kProducts = 2;
   HK_DEVICE float operator()(float x) const { return x * hk::sigmoid(x); }
 };
+// gelu_tanh(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): the
+// sigmoid form keeps its digits for x << 0, where 1 + tanh(u) cancels (as activation.hip's).
 struct GeluTanhGate {
   static constexpr unsigned kProducts = 2;
   HK_DEVICE float operator()(float x) const {
-    return 0.5f * x * (1.0f + hk::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    const float u = 0.79788456080286536f * hk::fma(0.044715f * x, x * x, x);
+    return x * hk::sigmoid(2.0f * u);
   }
 };
 
