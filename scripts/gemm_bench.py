@@ -12,8 +12,9 @@ variant, views (leading dimensions past the row width, pointers offset into a la
 unaligned rows), and C inside a poisoned buffer with guard bands before, between (ldc > n) and
 after its rows: every element of C must be written and close to the reference, every other
 element must still hold the poison. The bound, for C[i][j] with K terms:
-    |got - ref| <= u_out |ref| + K 2^-22 sqrt(sum_k a_ik^2 b_kj^2)
-u_out the output's rounding (2^-8 bf16, 2^-11 f16, 2^-24 f32); the second term is f32
+    |got - ref| <= u_out |ref| + K 2^-22 sqrt(sum_k a_ik^2 b_kj^2) + tiny_out
+u_out the output's rounding (2^-8 bf16, 2^-11 f16, 2^-24 f32), tiny_out half its subnormal
+spacing (2^-25 for f16); the second term is f32
 accumulation (products of 16-bit values are exact in f32), a generous statistical bound of
 K roundings of partial sums. A negative control (k - 1 passed to the kernel) must fail it.
 
@@ -41,6 +42,9 @@ POISON = -1  # 0xffff.. bits: NaN in bf16, f16 and f32
 
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 UNIT = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": 2.0**-24}
+# Half the spacing of the output type's subnormals: the rounding error of results too small for
+# the relative term (f16 outputs below 2^-14, which a gated product reaches easily).
+TINY = {"bf16": 2.0**-134, "f16": 2.0**-25, "f32": 2.0**-150}
 
 
 def symbol(layout, ty, bias, out_f32):
@@ -129,7 +133,7 @@ def check_case(g, layout, ty, bias_on, out_f32, m, n, k, pad=(0, 0, 0), offset=0
         ref += start.double()
     spread = ((a64 * a64) @ (bk * bk)).sqrt()
     unit = 2.0**-20 if split else UNIT["f32" if out_f32 else ty]  # split K: a rounding per split
-    bound = unit * ref.abs() + k * 2.0**-22 * spread
+    bound = unit * ref.abs() + k * 2.0**-22 * spread + TINY["f32" if out_f32 else ty]
     cview = cbuf[guard : guard + m * ldc].view(m, ldc)
     got = cview[:, :n].double()
     err = (got - ref).abs()
@@ -158,7 +162,7 @@ def check_batched(g, layout, ty, m, n, k, batch, shared_b):
     bk = b.double().transpose(1, 2) if layout == "nt" else b.double()
     ref = a.double() @ bk
     spread = ((a.double() ** 2) @ (bk ** 2)).sqrt()
-    bound = UNIT[ty] * ref.abs() + k * 2.0**-22 * spread
+    bound = UNIT[ty] * ref.abs() + k * 2.0**-22 * spread + TINY[ty]
     got = cbuf[guard : guard + batch * m * n].view(batch, m, n).double()
     ok = bool(((got - ref).abs() <= bound).all())
     bits = cbuf.view(torch.int16)
@@ -187,7 +191,7 @@ def check_gated(g, act, ty, m, n, k):
     ref = ACT[act](gate) * up
     spread = torch.maximum(((a64**2) @ (wg.double().t() ** 2)).sqrt(), ((a64**2) @ (wu.double().t() ** 2)).sqrt())
     e = k * 2.0**-22 * spread
-    bound = UNIT[ty] * ref.abs() + e * (1.2 * up.abs() + ACT[act](gate).abs())
+    bound = UNIT[ty] * ref.abs() + e * (1.2 * up.abs() + ACT[act](gate).abs()) + TINY[ty]
     got = cbuf[guard : guard + m * n].view(m, n).double()
     ok = bool(((got - ref).abs() <= bound).all())
     bits = cbuf.view(torch.int16)

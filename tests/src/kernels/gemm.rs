@@ -19,7 +19,9 @@
 //! operand `stride_*` elements after matrix `i − 1`; cases include a shared B (stride 0).
 //!
 //! Error bound of `C[i][j]`, with `u` the output's rounding (2⁻⁸ bf16, 2⁻¹¹ f16, 2⁻²⁴ f32):
-//! `u · |ref| + K · 2⁻²² · max over the case of sqrt(Σ_k A[i][k]² B[k][j]²)`. Products of 16-bit
+//! `u · |ref| + K · 2⁻²² · max over the case of sqrt(Σ_k A[i][k]² B[k][j]²) + tiny`, where
+//! `tiny` is half the output type's subnormal spacing (2⁻²⁵ for f16; results below 2⁻¹⁴ round
+//! to that absolute step, not to `u` relative). Products of 16-bit
 //! values are exact in f32, so the second term is the f32 accumulation alone: a generous
 //! statistical bound on K roundings of partial sums, which is still 10 to 1000 times smaller
 //! than the error of dropping one k term (the device check in `scripts/gemm_bench.py` shows a
@@ -259,7 +261,7 @@ pub fn case(variant: Variant, shape: Shape, rng: &mut impl Rng) -> Case {
         _ if variant.split_k.is_some() => 2f64.powi(-20),
         _ => 2f64.powi(-24),
     };
-    let abs = k as f64 * 2f64.powi(-22) * spread;
+    let abs = k as f64 * 2f64.powi(-22) * spread + tiny(out);
     let c = match variant.split_k {
         None => CaseArg::Output {
             name: "c",
@@ -308,6 +310,15 @@ pub fn case(variant: Variant, shape: Shape, rng: &mut impl Rng) -> Case {
         label: format!("m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc} splits={splits}"),
         args,
         dims: launch_dims(m as u32, n as u32, variant.split_k.is_some(), splits),
+    }
+}
+
+/// Half the subnormal spacing of `ty`: the rounding error of results too small for `u · |ref|`.
+fn tiny(ty: ScalarType) -> f64 {
+    match ty {
+        ScalarType::F16 => 2f64.powi(-25),
+        ScalarType::Bf16 => 2f64.powi(-134),
+        _ => 2f64.powi(-150),
     }
 }
 
@@ -387,7 +398,7 @@ pub fn batched_case(
                 want,
                 row_len: n,
                 stride: ldc,
-                abs: k as f64 * 2f64.powi(-22) * spread,
+                abs: k as f64 * 2f64.powi(-22) * spread + tiny(ty),
                 rel: unit,
             },
         },
@@ -460,7 +471,7 @@ pub fn gated_case(act: Activation, ty: ScalarType, shape: Shape, rng: &mut impl 
                 want,
                 row_len: n,
                 stride: ldc,
-                abs: e * (1.2 * up_max + act_max),
+                abs: e * (1.2 * up_max + act_max) + tiny(ty),
                 rel: unit,
             },
         },
