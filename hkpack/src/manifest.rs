@@ -46,6 +46,10 @@ pub struct Module {
     pub source: PathBuf,
     pub defines: BTreeMap<String, String>,
     pub flags: Vec<String>,
+    /// `no_spills = true`: the build fails when any kernel of the module spills registers or
+    /// needs scratch (stack) memory on any target. For kernels whose speed rests on keeping
+    /// their working set in registers (matrix tiles), where a spill is a defect, not a cost.
+    pub no_spills: bool,
     pub kernels: Vec<KernelDecl>,
     pub overrides: BTreeMap<TargetId, TargetOverride>,
 }
@@ -117,6 +121,8 @@ struct RawModule {
     flags: Vec<String>,
     /// The contract every kernel of the module starts from.
     contract: Option<contract::RawContract>,
+    #[serde(default)]
+    no_spills: bool,
 }
 
 #[derive(Deserialize)]
@@ -412,6 +418,7 @@ impl Module {
             source,
             defines: raw.module.defines,
             flags: raw.module.flags,
+            no_spills: raw.module.no_spills,
             kernels,
             overrides,
         })

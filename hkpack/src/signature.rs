@@ -3,7 +3,8 @@
 //! the declared type in the kernel's source (element type, signedness, and constness: a
 //! `*const` pointer must be `const` in the source, which the compiler then keeps from being
 //! written; see [`crate::probe`] for how the types are read), and the compiled code passes it
-//! with the declared size, alignment and kind (pointer or value).
+//! with the declared size, alignment and kind (pointer or value); and, for modules that ask
+//! for it (`no_spills`), that no kernel spills registers or needs scratch memory.
 
 use std::collections::BTreeMap;
 
@@ -48,6 +49,17 @@ pub enum SignatureError {
         "kernel `{kernel}` on {target}: the signature probe found no type for it; a bug in hkpack: please report it"
     )]
     NoSourceTypes { kernel: String, target: TargetId },
+    #[error(
+        "kernel `{kernel}` on {target} spills {spills} registers and needs {scratch} bytes of scratch per thread, but module `{module}` says no_spills = true in {manifest}"
+    )]
+    Spills {
+        kernel: String,
+        module: String,
+        target: TargetId,
+        manifest: String,
+        spills: u32,
+        scratch: u32,
+    },
     #[error("kernel `{kernel}` on {target}: argument {index} `{param}` {detail}")]
     Argument {
         kernel: String,
@@ -117,6 +129,17 @@ pub fn check(
             source,
             &mut warnings,
         )?;
+        let spills = facts.sgpr_spill_count + facts.vgpr_spill_count;
+        if module.no_spills && (spills > 0 || facts.private_segment_size > 0) {
+            return Err(SignatureError::Spills {
+                kernel: decl.symbol.clone(),
+                module: module.name.clone(),
+                target: *target,
+                manifest: manifest.clone(),
+                spills,
+                scratch: facts.private_segment_size,
+            });
+        }
         ordered.push(facts.clone());
     }
     Ok(Checked {

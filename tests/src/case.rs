@@ -15,6 +15,17 @@ pub enum Expect {
     Close { want: Vec<f64>, abs: f64, rel: f64 },
     /// Exactly these values (integer outputs).
     Exact(Vec<f64>),
+    /// A strided output (rows `stride` elements apart, as a leading dimension makes them):
+    /// element `r · stride + i` close to `want[r · row_len + i]` for `i < row_len`, as
+    /// [`Expect::Close`] says; every element between and after the rows must still hold the
+    /// poison (NaN), as a kernel must never write there.
+    StridedClose {
+        want: Vec<f64>,
+        row_len: usize,
+        stride: usize,
+        abs: f64,
+        rel: f64,
+    },
     /// Top-k indices: `rows` rows of `k` indices into rows of `row_len` input values; each index
     /// must be in range, unique in its row, and select an input equal to the value the kernel
     /// reported at the same place (`values`, the kernel's own value output, checked separately),
@@ -84,15 +95,23 @@ pub struct Case {
     /// Shape and options, for messages: `rows=7 cols=4099`.
     pub label: String,
     pub args: Vec<CaseArg>,
-    /// Blocks in x instead of the contract's, for kernels whose contract says that any grid
-    /// is correct (their blocks stride over the work): fewer blocks than the work needs test
-    /// the stride.
-    pub grid: Option<u32>,
+    /// Blocks along x, y, z instead of the contract's, where set, for kernels whose contract
+    /// says that any grid is correct on that axis (their blocks stride over the work, or split
+    /// K as they are told): another count than the contract's tests it.
+    pub grid: [Option<u32>; 3],
 }
 
-/// ` grid=N` for a case that overrides the contract's grid, for labels.
-pub fn grid_label(grid: Option<u32>) -> String {
-    grid.map_or_else(String::new, |g| format!(" grid={g}"))
+/// ` grid=x,y,z` (`-` for the contract's) for a case that overrides the contract's grid, for
+/// labels.
+pub fn grid_label(grid: [Option<u32>; 3]) -> String {
+    if grid.iter().all(Option::is_none) {
+        return String::new();
+    }
+    let axes: Vec<String> = grid
+        .iter()
+        .map(|g| g.map_or_else(|| "-".to_owned(), |g| g.to_string()))
+        .collect();
+    format!(" grid={}", axes.join(","))
 }
 
 /// An output that did not match, with enough detail to start debugging.
@@ -154,6 +173,33 @@ fn check_one(
                 let within = (g - w).abs() <= abs + rel * w.abs();
                 if !within {
                     fail(i, g, format!("{w} ± {:.3e}", abs + rel * w.abs()));
+                }
+            }
+        }
+        Expect::StridedClose {
+            want,
+            row_len,
+            stride,
+            abs,
+            rel,
+        } => {
+            let rows = want.len() / row_len;
+            compare_len(name, got.len(), rows * stride)?;
+            for (i, &g) in got.iter().enumerate() {
+                let (row, col) = (i / stride, i % stride);
+                if col < *row_len {
+                    let w = want[row * row_len + col];
+                    // NaN (an unwritten element) is never within.
+                    let within = (g - w).abs() <= abs + rel * w.abs();
+                    if !within {
+                        fail(i, g, format!("{w} ± {:.3e}", abs + rel * w.abs()));
+                    }
+                } else if !g.is_nan() {
+                    fail(
+                        i,
+                        g,
+                        "the poison: this element lies outside the output".into(),
+                    );
                 }
             }
         }
@@ -229,7 +275,7 @@ mod tests {
                 len: 2,
                 expect,
             }],
-            grid: None,
+            grid: [None; 3],
         }
     }
 
@@ -246,6 +292,24 @@ mod tests {
         assert!(
             c.check(&[Some(vec![1.0])]).is_err(),
             "short output must fail"
+        );
+    }
+
+    #[test]
+    fn strided_close_refuses_writes_between_rows() {
+        let c = case(Expect::StridedClose {
+            want: vec![1.0, 2.0],
+            row_len: 1,
+            stride: 2,
+            abs: 0.0,
+            rel: 1e-3,
+        });
+        assert!(c.check(&[Some(vec![1.0, f64::NAN, 2.0, f64::NAN])]).is_ok());
+        let err = c.check(&[Some(vec![1.0, 0.0, 2.0, f64::NAN])]).unwrap_err();
+        assert_eq!((err.index, err.count), (1, 1));
+        assert!(
+            c.check(&[Some(vec![1.0, f64::NAN, f64::NAN, f64::NAN])])
+                .is_err()
         );
     }
 

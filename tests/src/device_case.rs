@@ -93,13 +93,15 @@ pub fn run_case(device: &Device, kernel: &Kernel, case: &Case) -> Result<Judged,
     let buffers = CaseBuffers::upload(device, case)?;
     let args = buffers.args();
     match case.grid {
-        None => kernel.call(StreamHandle::DEFAULT, &args)?,
-        Some(blocks) => {
+        [None, None, None] => kernel.call(StreamHandle::DEFAULT, &args)?,
+        grid => {
             let mut dims = kernel.launch_shape(&args)?;
-            dims.grid[0] = blocks;
-            // SAFETY: the contract's own shape with fewer blocks in x, which the case sets only
-            // for kernels whose contract says that their blocks stride over the work, so that
-            // any grid is correct; hkload still checks every extent.
+            for (axis, blocks) in dims.grid.iter_mut().zip(grid) {
+                *axis = blocks.unwrap_or(*axis);
+            }
+            // SAFETY: the contract's own shape with other block counts, which the case sets only
+            // on axes where the kernel's contract says any count is correct; hkload still
+            // checks every extent.
             unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, &args) }?;
         }
     }
@@ -119,10 +121,32 @@ fn worst_error(case: &Case, outputs: &[Option<Vec<f64>>]) -> Option<f64> {
         let (CaseArg::Output { expect, .. } | CaseArg::InOut { expect, .. }) = arg else {
             continue;
         };
-        let Expect::Close { want, abs, rel } = expect else {
-            continue;
+        // Pairs of (got, want) with their tolerance; the strided form's gaps are judged by
+        // `Case::check` alone.
+        let pairs: Vec<(f64, f64, f64, f64)> = match expect {
+            Expect::Close { want, abs, rel } => got
+                .as_deref()
+                .unwrap_or(&[])
+                .iter()
+                .zip(want)
+                .map(|(&g, &w)| (g, w, *abs, *rel))
+                .collect(),
+            Expect::StridedClose {
+                want,
+                row_len,
+                stride,
+                abs,
+                rel,
+            } => got
+                .as_deref()
+                .unwrap_or(&[])
+                .chunks(*stride)
+                .zip(want.chunks(*row_len))
+                .flat_map(|(g, w)| g.iter().zip(w).map(|(&g, &w)| (g, w, *abs, *rel)))
+                .collect(),
+            _ => continue,
         };
-        for (&g, &w) in got.as_deref().unwrap_or(&[]).iter().zip(want) {
+        for (g, w, abs, rel) in pairs {
             let error = (g - w).abs();
             let tolerance = abs + rel * w.abs();
             let ratio = if error == 0.0 {

@@ -37,6 +37,11 @@
 // A device helper: always inlined, so kernels pay nothing for the abstraction.
 #define HK_DEVICE __device__ __forceinline__
 
+// For lambdas in kernels (`[&](int i) HK_INLINE { ... }`): clang inlines a lambda only when it
+// judges it cheap, and a large one called twice (a GEMM's multiply step) otherwise stays a
+// call whose captures, accumulators included, live in local memory.
+#define HK_INLINE __attribute__((always_inline))
+
 // A kernel entry point with a stable, unmangled symbol name.
 #define HK_KERNEL extern "C" __global__
 
@@ -131,6 +136,17 @@ HK_DEVICE void block_sync() {
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 #else
   __syncthreads();
+#endif
+}
+
+// ---- Atomics --------------------------------------------------------------------------------
+// *p += v as one atomic read-modify-write at device scope, relaxed: the order of concurrent
+// additions is unspecified, so a float sum made this way is not bitwise reproducible.
+HK_DEVICE void atomic_add(float* p, float v) {
+#if HK_AMD
+  __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+#else
+  __nvvm_atom_add_gen_f(p, v);
 #endif
 }
 

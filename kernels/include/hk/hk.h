@@ -7,6 +7,8 @@
 //                  softmax, activations)
 //   hk/residual.h  the residual add of the fused norms
 //   hk/vote.h      wave votes, lane ranks, prefix sums (selection kernels such as top-k)
+//   hk/tile/tile.h the matrix tile layer: shared tiles, global -> shared copies and one mma
+//                  over MFMA (AMD) and mma.sync (NVIDIA) (GEMM)
 #pragma once
 
 #include "device.h"

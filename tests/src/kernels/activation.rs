@@ -235,7 +235,7 @@ fn elementwise_case(
 
     Case {
         kernel: format!("{}_{}", act.name(), ty.name()),
-        label: format!("n={n} range={range}{}", grid_label(grid)),
+        label: format!("n={n} range={range}{}", grid_label([grid, None, None])),
         args: vec![
             CaseArg::Output {
                 name: "out",
@@ -246,7 +246,7 @@ fn elementwise_case(
             CaseArg::input("x", ty, x),
             CaseArg::Scalar(ScalarValue::U64(n as u64)),
         ],
-        grid,
+        grid: [grid, None, None],
     }
 }
 
@@ -260,7 +260,7 @@ fn gated_case(act: Activation, ty: ScalarType, size: Gated, rng: &mut impl Rng) 
 
     Case {
         kernel: format!("{}_and_mul_{}", act.name(), ty.name()),
-        label: format!("rows={rows} cols={cols}{}", grid_label(grid)),
+        label: format!("rows={rows} cols={cols}{}", grid_label([grid, None, None])),
         args: vec![
             CaseArg::Output {
                 name: "out",
@@ -272,7 +272,7 @@ fn gated_case(act: Activation, ty: ScalarType, size: Gated, rng: &mut impl Rng) 
             CaseArg::Scalar(ScalarValue::U32(rows as u32)),
             CaseArg::Scalar(ScalarValue::U32(cols as u32)),
         ],
-        grid,
+        grid: [grid, None, None],
     }
 }
 

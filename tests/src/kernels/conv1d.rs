@@ -148,7 +148,7 @@ fn case(with_bias_silu: bool, ty: ScalarType, shape: ConvShape, rng: &mut impl R
         kernel: format!("{family}_{}", ty.name()),
         label: format!("batch={batch} dim={dim} seqlen={seqlen} width={width}"),
         args,
-        grid: None,
+        grid: [None; 3],
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod activation;
 pub mod conv1d;
+pub mod gemm;
 pub mod norm;
 pub mod rope;
 pub mod softmax;
@@ -19,5 +20,6 @@ pub fn all_cases(rng: &mut impl rand::Rng) -> Vec<Case> {
     cases.extend(rope::cases(rng));
     cases.extend(topk::cases(rng));
     cases.extend(conv1d::cases(rng));
+    cases.extend(gemm::cases(rng));
     cases
 }

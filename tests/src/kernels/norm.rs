@@ -212,9 +212,12 @@ fn case(kind: NormKind, ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Cas
     ]);
     Case {
         kernel: format!("{}_{}", kind.name(), ty.name()),
-        label: format!("rows={rows} cols={cols} scale={scale}{}", grid_label(grid)),
+        label: format!(
+            "rows={rows} cols={cols} scale={scale}{}",
+            grid_label([grid, None, None])
+        ),
         args,
-        grid,
+        grid: [grid, None, None],
     }
 }
 

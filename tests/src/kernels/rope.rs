@@ -214,7 +214,7 @@ fn case(
         kernel: format!("rope_{}_{}_{}", style.name(), layout.name(), ty.name()),
         label,
         args,
-        grid: None,
+        grid: [None; 3],
     }
 }
 

@@ -116,7 +116,7 @@ fn case(ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Case {
         kernel: format!("softmax_{}", ty.name()),
         label: format!(
             "rows={rows} cols={cols} range={range} masked={masked}{}",
-            grid_label(grid)
+            grid_label([grid, None, None])
         ),
         args: vec![
             CaseArg::close("out", ty, want, (abs, rel)),
@@ -124,7 +124,7 @@ fn case(ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Case {
             CaseArg::Scalar(ScalarValue::U32(rows as u32)),
             CaseArg::Scalar(ScalarValue::U32(cols as u32)),
         ],
-        grid,
+        grid: [grid, None, None],
     }
 }
 

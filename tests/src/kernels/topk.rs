@@ -129,7 +129,7 @@ fn case(
             u32_arg(n),
             u32_arg(k),
         ],
-        grid: None,
+        grid: [None; 3],
     }
 }
 

@@ -1,0 +1,370 @@
+// GEMM of 16-bit matrices (bf16 or f16) with f32 accumulation, row-major with leading
+// dimensions, so that views (a block of a larger matrix, a slice of a fused weight) need no
+// copy:
+//   _nt: C[m][n] = Σ_k A[m][k] · B[n][k]   (B stored [N][K]: torch.nn.Linear's weight, C = A·Bᵀ)
+//   _nn: C[m][n] = Σ_k A[m][k] · B[k][n]   (B stored [K][N])
+//
+// gemm_a16w16_{nt,nn}_{bf16,f16}[_bias][_out_f32](c, a, b, [bias,] m, n, k, lda, ldb, ldc)
+//   C = A·B (+ bias[n]) in the input type, or f32 (_out_f32), rounded once from the f32 sum.
+//   Blocks of 128 x 128, for m in the hundreds and up.
+// gemm_a16w16_splitk_nt_{bf16,f16}[_bias](c, a, b, [bias,] m, n, k, lda, ldb, ldc)
+//   C += A·Bᵀ (+ bias[n]) into an f32 C, for decode (m up to about 64, k large): blocks of
+//   16 x 64, and K split across the grid's z blocks, which add their parts with f32 atomics
+//   (so C must hold what the product adds to, zeros for a plain product, and the sum's
+//   rounding order varies from run to run). Any z is correct; the contract picks one that
+//   fills the device.
+// gemm_a16w16_gated_{silu,gelu_tanh}_{bf16,f16}(c, a, w_gate, w_up, m, n, k, lda, ldb, ldc)
+//   C = act(A·W_gateᵀ) ⊙ (A·W_upᵀ) in the input type (a Llama MLP's gate and up projections
+//   and its silu_and_mul in one pass; both weights [N][K] with leading dimension ldb, so the
+//   halves of a fused [2N][K] weight are w and w + n·ldb); act silu or gelu (tanh form).
+//   Blocks of 128 x 64.
+// batched_gemm_a16w16_{nt,nn}_{bf16,f16}(c, a, b, m, n, k, lda, ldb, ldc, batch, stride_a,
+//   stride_b, stride_c): batch products C_i = A_i·B_i (as _nt / _nn) in the input type, matrix i
+//   of each starting stride_* elements after matrix i - 1 (a stride of 0 shares one matrix, a
+//   weight say, among all the products); the grid's z counts the batch.
+// Launch: the contracts in manifests/gemm.toml (four waves a block, grid x over n, y over m).
+//
+// Each block multiplies its block of C by walking its K range in steps of kTileK: the A and B
+// blocks of a step are copied into shared tiles (zero-filled past the matrices' edges, so every
+// M, N, K is handled, partial blocks as padded ones), and each wave multiplies its part with
+// hk::tile::mma. The copies of later steps run while the current one multiplies: NVIDIA keeps
+// kStages - 1 steps in flight with cp.async when rows are 16-byte aligned; other cases (and
+// AMD, which has no asynchronous 16-byte copy into LDS before gfx950) stage the next step in
+// registers. Unaligned rows (k or ld not a multiple of 8, or an unaligned pointer) are read
+// element by element: correct, slower.
+#include "hk/hk.h"
+#include "hk/tile/tile.h"
+
+namespace {
+
+using hk::tile::BLayout;
+
+// A block's shape: a kTileM x kTileN block of C, kWavesM x kWavesN waves of kWaveRows x
+// kWaveCols each, K in steps of kTileK, kStages shared stages.
+template <unsigned kTileM_, unsigned kTileN_, unsigned kTileK_, unsigned kWavesM_,
+          unsigned kWavesN_, unsigned kNvidiaStages>
+struct Tiling {
+  static constexpr unsigned kTileM = kTileM_, kTileN = kTileN_, kTileK = kTileK_;
+  static constexpr unsigned kWavesM = kWavesM_, kWavesN = kWavesN_;
+  static constexpr unsigned kThreads = kWavesM * kWavesN * hk::kWaveSize;
+  static constexpr unsigned kWaveRows = kTileM / kWavesM, kWaveCols = kTileN / kWavesN;
+  // NVIDIA: cp.async stages, within the 48 KiB of static shared memory a block may have. AMD
+  // double-buffers through registers.
+#if HK_AMD
+  static constexpr unsigned kStages = 2;
+#else
+  static constexpr unsigned kStages = kNvidiaStages;
+#endif
+};
+
+// Four waves of 64 x 64 (64 f32 accumulators a lane on AMD, 128 on NVIDIA), 3 stages of 16 KiB.
+// On the H100 (bf16, nt; TF/s at 4096^3, 8192^3, 2048x14336x4096, 8192x4096x14336): 320, 375,
+// 308, 376, against 306, 354, 318, 362 for eight warps of 64 x 32, and 250 to 335 for 128 x 128
+// in 2 stages, 128 x 64 in 4, 64 x 128 in 4 and eight warps of 256 x 128 or 128 x 256 in 2.
+using Square = Tiling<128, 128, 32, 2, 2, 3>;
+// Four waves of 16 x 16 side by side, 128 deep: little work is wasted on rows past a small m,
+// and each row of B is read 256 bytes at a time. On the H100, against 16 x 128 x 32 in 5
+// stages, 16 x 128 x 64 in 2, 16 x 64 x 32 in 8, 16 x 64 x 64 in 4, 32 x 128 x 32 in 4 and
+// 32 x 64 x 64 in 3 (eight split-K decode shapes of Llama-3, m = 1 to 64, each at its best
+// split): the fastest on seven and within 10% on the eighth; m = 1, n = k = 4096 in 14.6 µs
+// against 19.1 for 16 x 128 x 32. AMD (not measured: no AMD GPU
+// here) takes it 64 deep, so that two blocks' LDS (2 stages of 10 KiB each) fit a CU's 64 KiB.
+#if HK_AMD
+using Skinny = Tiling<16, 64, 64, 1, 4, 2>;
+#else
+using Skinny = Tiling<16, 64, 128, 1, 4, 2>;
+#endif
+// The gated GEMM's two products: four waves of 64 x 32 each (NVIDIA: 2 x 64 accumulators a
+// lane, as many as Square's one product), B blocks of 64 rows for each weight.
+using GatedTiling = Tiling<128, 64, 32, 2, 2, 3>;
+
+// Consecutive blocks walk kGroupM block rows of C column by column, so the B blocks they read
+// are shared through L2 by kGroupM blocks at once instead of streaming from memory per row.
+constexpr unsigned kGroupM = 8;
+
+// One step's A and B blocks in shared memory (B as stored; kProducts of them for a gated
+// GEMM, which multiplies A by two matrices).
+template <class Tl, typename T, BLayout kB, unsigned kProducts> struct Stage {
+  using BTile = hk::tile::SharedTile<T, kB == BLayout::kNK ? Tl::kTileN : Tl::kTileK,
+                                     kB == BLayout::kNK ? Tl::kTileK : Tl::kTileN>;
+  hk::tile::SharedTile<T, Tl::kTileM, Tl::kTileK> a;
+  BTile b[kProducts];
+};
+
+struct BlockTile {
+  unsigned m, n;  // block row and column of C
+};
+
+// This block's tile of C, grouped as kGroupM says (grid x counts column tiles, y row tiles).
+HK_DEVICE BlockTile block_tile() {
+  const unsigned tiles_n = hk::grid_dim_x(), tiles_m = hk::grid_dim_y();
+  const unsigned long long id =
+      static_cast<unsigned long long>(hk::block_idx_y()) * tiles_n + hk::block_idx_x();
+  const unsigned long long per_group = static_cast<unsigned long long>(kGroupM) * tiles_n;
+  const unsigned first_m = static_cast<unsigned>(id / per_group) * kGroupM;
+  const unsigned group_m = tiles_m - first_m < kGroupM ? tiles_m - first_m : kGroupM;
+  const unsigned in_group = static_cast<unsigned>(id % per_group);
+  return {first_m + in_group % group_m, in_group / group_m};
+}
+
+// What the grid's z blocks do: nothing (z = 1), split K, or take one product of a batch each.
+enum class GridZ { kNone, kSplitK, kBatch };
+
+// How C receives the block's sums.
+enum class Epilogue {
+  kStore,      // C = sum (+ bias), rounded to C's type
+  kAtomicAdd,  // C += sum (+ bias from the first K split), f32
+};
+
+// What C is made of: one product (Plain), or, for the gated GEMM, act(A·W_gateᵀ) ⊙ A·W_upᵀ
+// from two products (each activation computed as kernels/activation.hip computes it).
+struct Plain {
+  static constexpr unsigned kProducts = 1;
+};
+struct SiluGate {
+  static constexpr unsigned kProducts = 2;
+  HK_DEVICE float operator()(float x) const { return x * hk::sigmoid(x); }
+};
+// gelu_tanh(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): the
+// sigmoid form keeps its digits for x << 0, where 1 + tanh(u) cancels (as activation.hip's).
+struct GeluTanhGate {
+  static constexpr unsigned kProducts = 2;
+  HK_DEVICE float operator()(float x) const {
+    const float u = 0.79788456080286536f * hk::fma(0.044715f * x, x * x, x);
+    return x * hk::sigmoid(2.0f * u);
+  }
+};
+
+// Element strides between the matrices of a batch.
+struct BatchStrides {
+  unsigned long long a, b, c;
+};
+
+template <class Tl, typename T, typename Out, BLayout kB, bool kBias, GridZ kZ,
+          class Combine = Plain>
+HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
+                    const T* __restrict__ bias, unsigned m, unsigned n, unsigned k, unsigned lda,
+                    unsigned ldb, unsigned ldc, BatchStrides strides = {},
+                    const T* __restrict__ b_up = nullptr) {
+  constexpr unsigned kProducts = Combine::kProducts;
+  static_assert(kProducts == 1 || (!kBias && kZ == GridZ::kNone), "gated: no bias, no grid z");
+  constexpr Epilogue kEpilogue = kZ == GridZ::kSplitK ? Epilogue::kAtomicAdd : Epilogue::kStore;
+  if constexpr (kZ == GridZ::kBatch) {
+    const unsigned long long i = hk::block_idx_z();
+    a += i * strides.a;
+    b += i * strides.b;
+    c += i * strides.c;
+  }
+  using StageT = Stage<Tl, T, kB, kProducts>;
+  __shared__ StageT stage[Tl::kStages];
+  using Acc = hk::tile::Accumulators<T, Tl::kWaveRows / 16, Tl::kWaveCols / 16>;
+  using Atom = typename Acc::Atom;
+
+  // This block's K range: all of it, or for split K an even share of the steps (the last
+  // splits may get none when z does not divide them).
+  const unsigned steps = (k + Tl::kTileK - 1) / Tl::kTileK;
+  unsigned first = 0, last = steps;
+  if constexpr (kZ == GridZ::kSplitK) {
+    const unsigned per_split = (steps + hk::grid_dim_z() - 1) / hk::grid_dim_z();
+    first = hk::block_idx_z() * per_split;
+    last = steps - first < per_split ? steps : first + per_split;
+    if (first >= steps) return;  // the whole block: no barrier is skipped by part of it
+  }
+
+  const BlockTile tile = block_tile();
+  const unsigned row0 = tile.m * Tl::kTileM, col0 = tile.n * Tl::kTileN;
+  const unsigned thread = hk::thread_idx_x();
+  const unsigned wave = hk::wave_id();
+  const unsigned wave_row = wave / Tl::kWavesN * Tl::kWaveRows;
+  const unsigned wave_col = wave % Tl::kWavesN * Tl::kWaveCols;
+
+  const hk::tile::GlobalMatrix<T> ga{a, m, k, lda};
+  hk::tile::GlobalMatrix<T> gb[kProducts];
+#pragma unroll
+  for (unsigned p = 0; p < kProducts; ++p) {
+    const T* bp = p == 0 ? b : b_up;
+    gb[p] = kB == BLayout::kNK ? hk::tile::GlobalMatrix<T>{bp, n, k, ldb}
+                               : hk::tile::GlobalMatrix<T>{bp, k, n, ldb};
+  }
+  // Where step s's B block starts in gb.
+  const auto b_row = [&](unsigned s) HK_INLINE {
+    return kB == BLayout::kNK ? col0 : s * Tl::kTileK;
+  };
+  const auto b_col = [&](unsigned s) HK_INLINE {
+    return kB == BLayout::kNK ? s * Tl::kTileK : col0;
+  };
+
+  // The sums start from the bias (for split K, in the first split only): loaded here, where
+  // few registers are live, rather than next to the stores, where all the accumulators are.
+  Acc acc[kProducts];
+  const bool add_bias = kBias && (kEpilogue == Epilogue::kStore || hk::block_idx_z() == 0);
+  if (add_bias) {
+    acc[0].set([&](unsigned, unsigned col) HK_INLINE {
+      const unsigned column = col0 + wave_col + col;
+      return column < n ? hk::to_float(bias[column]) : 0.0f;
+    });
+  } else {
+    acc[0].zero();
+  }
+  if constexpr (kProducts == 2) acc[1].zero();
+  const auto multiply = [&](const StageT& s) HK_INLINE {
+#pragma unroll
+    for (unsigned kk = 0; kk < Tl::kTileK; kk += Atom::kK)
+#pragma unroll
+      for (unsigned p = 0; p < kProducts; ++p)
+        hk::tile::mma<kB>(acc[p], s.a, s.b[p], wave_row, wave_col, kk);
+  };
+
+  const bool a_vector = ga.vector_rows();
+  bool b_vector = true;
+#pragma unroll
+  for (unsigned p = 0; p < kProducts; ++p) b_vector = b_vector && gb[p].vector_rows();
+#if HK_NVIDIA
+  if (a_vector && b_vector) {
+    constexpr unsigned kStages = Tl::kStages;
+    const auto copy = [&](unsigned s) HK_INLINE {
+      StageT& to = stage[(s - first) % kStages];
+      hk::tile::copy_async<Tl::kThreads>(to.a, ga, row0, s * Tl::kTileK, thread);
+#pragma unroll
+      for (unsigned p = 0; p < kProducts; ++p)
+        hk::tile::copy_async<Tl::kThreads>(to.b[p], gb[p], b_row(s), b_col(s), thread);
+    };
+#pragma unroll
+    for (unsigned s = first; s + 1 < first + kStages; ++s) {
+      if (s < last) copy(s);
+      hk::tile::async_commit();
+    }
+    for (unsigned s = first; s < last; ++s) {
+      // Step s's copies are done (one group per step, kStages - 2 younger ones may fly), and
+      // after the barrier every wave has finished step s - 1, whose stage the copy reuses.
+      hk::tile::async_wait<kStages - 2>();
+      hk::block_sync();
+      if (s + kStages - 1 < last) copy(s + kStages - 1);
+      hk::tile::async_commit();
+      multiply(stage[(s - first) % kStages]);
+    }
+  } else
+#endif
+  {
+    hk::tile::StagedCopy<decltype(StageT::a), Tl::kThreads> next_a;
+    using BTile = typename StageT::BTile;
+    hk::tile::StagedCopy<BTile, Tl::kThreads> next_b[kProducts];
+    const auto fetch = [&](unsigned s) HK_INLINE {
+      next_a.fetch(ga, row0, s * Tl::kTileK, thread, a_vector);
+#pragma unroll
+      for (unsigned p = 0; p < kProducts; ++p)
+        next_b[p].fetch(gb[p], b_row(s), b_col(s), thread, b_vector);
+    };
+    const auto store = [&](StageT& to) HK_INLINE {
+      next_a.store(to.a, thread);
+#pragma unroll
+      for (unsigned p = 0; p < kProducts; ++p) next_b[p].store(to.b[p], thread);
+    };
+#if HK_NVIDIA
+    // Unaligned rows, NVIDIA's slow path: no overlap, so that the staged chunks do not add to
+    // the registers the multiply needs (the fast path's budget would spill).
+    for (unsigned s = first; s < last; ++s) {
+      fetch(s);
+      store(stage[0]);
+      hk::block_sync();
+      multiply(stage[0]);
+      hk::block_sync();
+    }
+#else
+    fetch(first);
+    store(stage[0]);
+    hk::block_sync();
+    for (unsigned s = first; s < last; ++s) {
+      const unsigned now = (s - first) % 2;
+      const bool more = s + 1 < last;
+      if (more) fetch(s + 1);
+      multiply(stage[now]);
+      // The other stage was last read in step s - 1, before the barrier that ended it.
+      if (more) store(stage[1 - now]);
+      hk::block_sync();
+    }
+#endif
+  }
+
+  const auto put = [&](unsigned r, unsigned col, float v) HK_INLINE {
+    const unsigned row = row0 + wave_row + r, column = col0 + wave_col + col;
+    if (row < m && column < n) {
+      Out* to = c + static_cast<unsigned long long>(row) * ldc + column;
+      if constexpr (kEpilogue == Epilogue::kAtomicAdd)
+        hk::atomic_add(to, v);
+      else
+        *to = hk::from_float<Out>(v);
+    }
+  };
+  if constexpr (kProducts == 1) {
+    acc[0].for_each(put);
+  } else {
+    hk::tile::for_each_pair(acc[0], acc[1], [&](unsigned r, unsigned col, float gate, float up)
+                                                HK_INLINE { put(r, col, Combine{}(gate) * up); });
+  }
+}
+
+}  // namespace
+
+// Two blocks per SM / CU at least: on NVIDIA that caps a Square thread at 255 registers, enough
+// for its 128 accumulators and the operand fragments without spilling.
+#define HK_GEMM_ENTRY(Tl, name) \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Tl::kThreads, 2) void gemm_a16w16_##name
+#define HK_GEMM_PARAMS(Out, T) Out *c, const T *a, const T *b
+#define HK_GEMM_SIZES unsigned m, unsigned n, unsigned k, unsigned lda, unsigned ldb, unsigned ldc
+#define HK_GEMM_CALL(Tl, T, Out, kB, kBias, kZ, bias) \
+  gemm<Tl, T, Out, kB, kBias, kZ>(c, a, b, bias, m, n, k, lda, ldb, ldc);
+
+#define HK_GEMM(layout, kB, name, T, out_suffix, Out)                                  \
+  HK_GEMM_ENTRY(Square, layout##_##name##out_suffix)(HK_GEMM_PARAMS(Out, T), HK_GEMM_SIZES) { \
+    HK_GEMM_CALL(Square, T, Out, kB, false, GridZ::kNone, nullptr)                 \
+  }                                                                                    \
+  HK_GEMM_ENTRY(Square, layout##_##name##_bias##out_suffix)(                           \
+      HK_GEMM_PARAMS(Out, T), const T* bias, HK_GEMM_SIZES) {                          \
+    HK_GEMM_CALL(Square, T, Out, kB, true, GridZ::kNone, bias)                     \
+  }
+#define HK_GEMM_ALL(layout, kB)                        \
+  HK_GEMM(layout, kB, bf16, hk::bf16, , hk::bf16)      \
+  HK_GEMM(layout, kB, bf16, hk::bf16, _out_f32, float) \
+  HK_GEMM(layout, kB, f16, hk::f16, , hk::f16)         \
+  HK_GEMM(layout, kB, f16, hk::f16, _out_f32, float)
+HK_GEMM_ALL(nt, BLayout::kNK)
+HK_GEMM_ALL(nn, BLayout::kKN)
+
+#define HK_GEMM_SPLITK(name, T)                                                          \
+  HK_GEMM_ENTRY(Skinny, splitk_nt_##name)(HK_GEMM_PARAMS(float, T), HK_GEMM_SIZES) {    \
+    HK_GEMM_CALL(Skinny, T, float, BLayout::kNK, false, GridZ::kSplitK, nullptr)   \
+  }                                                                                      \
+  HK_GEMM_ENTRY(Skinny, splitk_nt_##name##_bias)(HK_GEMM_PARAMS(float, T), const T* bias, \
+                                                 HK_GEMM_SIZES) {                        \
+    HK_GEMM_CALL(Skinny, T, float, BLayout::kNK, true, GridZ::kSplitK, bias)       \
+  }
+HK_GEMM_SPLITK(bf16, hk::bf16)
+HK_GEMM_SPLITK(f16, hk::f16)
+
+#define HK_BATCHED_GEMM(layout, kB, name, T)                                                 \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Square::kThreads, 2) void                            \
+      batched_gemm_a16w16_##layout##_##name(HK_GEMM_PARAMS(T, T), HK_GEMM_SIZES,             \
+                                            unsigned batch, unsigned long long stride_a,     \
+                                            unsigned long long stride_b,                     \
+                                            unsigned long long stride_c) {                   \
+    (void)batch; /* the grid's z */                                                          \
+    gemm<Square, T, T, kB, false, GridZ::kBatch>(c, a, b, nullptr, m, n, k, lda, ldb, ldc,   \
+                                                 {stride_a, stride_b, stride_c});            \
+  }
+HK_BATCHED_GEMM(nt, BLayout::kNK, bf16, hk::bf16)
+HK_BATCHED_GEMM(nt, BLayout::kNK, f16, hk::f16)
+HK_BATCHED_GEMM(nn, BLayout::kKN, bf16, hk::bf16)
+HK_BATCHED_GEMM(nn, BLayout::kKN, f16, hk::f16)
+
+#define HK_GATED_GEMM(act, Combine, name, T)                                                 \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(GatedTiling::kThreads, 2) void                       \
+      gemm_a16w16_gated_##act##_##name(T* c, const T* a, const T* w_gate, const T* w_up,     \
+                                       HK_GEMM_SIZES) {                                      \
+    gemm<GatedTiling, T, T, BLayout::kNK, false, GridZ::kNone, Combine>(                     \
+        c, a, w_gate, nullptr, m, n, k, lda, ldb, ldc, {}, w_up);                            \
+  }
+HK_GATED_GEMM(silu, SiluGate, bf16, hk::bf16)
+HK_GATED_GEMM(silu, SiluGate, f16, hk::f16)
+HK_GATED_GEMM(gelu_tanh, GeluTanhGate, bf16, hk::bf16)
+HK_GATED_GEMM(gelu_tanh, GeluTanhGate, f16, hk::f16)

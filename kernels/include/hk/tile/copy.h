@@ -1,0 +1,128 @@
+// hk/tile/copy.h: copies of matrix blocks from global memory into shared tiles, by all the
+// threads of a block together. A block is cut into the tile's 16-byte chunks (8 elements of a
+// row); thread t of kThreads copies chunks t, t + kThreads, ..., so each instruction of a wave
+// covers whole consecutive rows: coalesced reads, conflict-free shared writes. Elements past
+// the matrix's rows or columns arrive as zeros, so a partial block multiplies as if padded.
+//
+// Two ways:
+//   copy_async (NVIDIA): cp.async of 16 bytes straight into shared memory, no registers, in
+//     flight until async_wait; its src-size operand zero-fills the part of a chunk past the
+//     matrix's last column. Needs 16-byte aligned rows (data aligned, ld % 8 == 0).
+//   StagedCopy (every target): fetch() loads into registers, store() writes them to shared
+//     memory later, so the loads of the next block overlap the math on this one. Reads 16
+//     bytes at once where the rows allow (vector = true and the chunk whole), element by
+//     element otherwise (any alignment, any ld).
+#pragma once
+
+#include "../device.h"
+
+namespace hk::tile {
+
+// A row-major matrix in global memory: rows x cols elements, rows ld elements apart.
+template <typename T> struct GlobalMatrix {
+  const T* data;
+  unsigned rows, cols;
+  unsigned long long ld;
+
+  HK_DEVICE const T* row(unsigned r) const { return data + r * ld; }
+  // Whether every chunk of every row starts 16-byte aligned.
+  HK_DEVICE bool vector_rows() const { return aligned16(data) && ld % kVec16<T> == 0; }
+};
+
+namespace detail {
+HK_DEVICE unsigned min_u(unsigned a, unsigned b) { return a < b ? a : b; }
+
+// The elements of a matrix dimension of `size` at and past `start` (0 when start is past it).
+HK_DEVICE unsigned left(unsigned size, unsigned start) { return size > start ? size - start : 0; }
+
+// The position of chunk `i` of a tile in the matrix, and how many of its elements exist.
+template <class Tile> struct ChunkAt {
+  unsigned row, col;  // in the tile
+  unsigned valid;     // elements of the chunk inside the matrix, 0 to 8
+  HK_DEVICE ChunkAt(unsigned i, unsigned rows_left, unsigned cols_left)
+      : row(i / Tile::kChunksPerRow), col(i % Tile::kChunksPerRow * Tile::kChunk) {
+    valid = row < rows_left && col < cols_left ? min_u(cols_left - col, Tile::kChunk) : 0;
+  }
+};
+
+// A tile's chunks dealt to kThreads threads: kPerThread rounds for each; when the chunks do not
+// fill the last round, threads past them skip it (kRagged).
+template <class Tile, unsigned kThreads> struct Deal {
+  static constexpr unsigned kChunks = Tile::kRows * Tile::kChunksPerRow;
+  static constexpr unsigned kPerThread = (kChunks + kThreads - 1) / kThreads;
+  static constexpr bool kRagged = kChunks % kThreads != 0;
+  static HK_DEVICE bool skip(unsigned chunk) { return kRagged && chunk >= kChunks; }
+};
+}  // namespace detail
+
+#if HK_NVIDIA
+// Starts copying the block of g at (row0, col0) into s (see the header); complete once
+// async_wait says so. g.vector_rows() must hold.
+template <unsigned kThreads, class Tile, typename T>
+HK_DEVICE void copy_async(Tile& s, const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
+                          unsigned thread) {
+  using Deal = detail::Deal<Tile, kThreads>;
+#pragma unroll
+  for (unsigned i = 0; i < Deal::kPerThread; ++i) {
+    if (Deal::skip(thread + i * kThreads)) break;
+    const detail::ChunkAt<Tile> c(thread + i * kThreads, detail::left(g.rows, row0),
+                                  detail::left(g.cols, col0));
+    // A chunk wholly outside reads nothing (src-size 0) but still needs a valid address. The
+    // size goes in as an int: a 64-bit value there crashed clang 22's NVPTX backend ("copy one
+    // register into another with a different width").
+    const T* src = c.valid ? g.row(row0 + c.row) + col0 + c.col : g.data;
+    __nvvm_cp_async_cg_shared_global_16(
+        (__attribute__((address_space(3))) void*)s.at(c.row, c.col),
+        (__attribute__((address_space(1))) const void*)src,
+        static_cast<int>(c.valid * sizeof(T)));
+  }
+}
+
+// Closes the group of copies started since the last commit.
+HK_DEVICE void async_commit() { __nvvm_cp_async_commit_group(); }
+
+// Waits until at most kPending committed groups are still in flight (the calling thread's own;
+// a block barrier after it makes every thread's copies visible).
+template <int kPending> HK_DEVICE void async_wait() { __nvvm_cp_async_wait_group(kPending); }
+#endif
+
+// A block copy through registers (see the header).
+template <class Tile, unsigned kThreads> struct StagedCopy {
+  using Deal = detail::Deal<Tile, kThreads>;
+  static constexpr unsigned kPerThread = Deal::kPerThread;
+  u32x4 chunk[kPerThread];
+
+  template <typename T>
+  HK_DEVICE void fetch(const GlobalMatrix<T>& g, unsigned row0, unsigned col0, unsigned thread,
+                       bool vector) {
+    const unsigned rows_left = detail::left(g.rows, row0);
+    const unsigned cols_left = detail::left(g.cols, col0);
+#pragma unroll
+    for (unsigned i = 0; i < kPerThread; ++i) {
+      if (Deal::skip(thread + i * kThreads)) break;
+      const detail::ChunkAt<Tile> c(thread + i * kThreads, rows_left, cols_left);
+      const T* src = g.row(row0 + c.row) + col0 + c.col;
+      if (vector && c.valid == Tile::kChunk) {
+        chunk[i] = *reinterpret_cast<const u32x4*>(src);
+      } else {
+        Vec16<T> v;
+#pragma unroll
+        for (unsigned e = 0; e < Tile::kChunk; ++e) v.elem[e] = e < c.valid ? src[e] : T(0);
+        chunk[i] = __builtin_bit_cast(u32x4, v);
+      }
+    }
+  }
+
+  HK_DEVICE void store(Tile& s, unsigned thread) const {
+#pragma unroll
+    for (unsigned i = 0; i < kPerThread; ++i) {
+      const unsigned at = thread + i * kThreads;
+      if (Deal::skip(at)) break;
+      const unsigned row = at / Tile::kChunksPerRow;
+      const unsigned col = at % Tile::kChunksPerRow * Tile::kChunk;
+      *reinterpret_cast<u32x4*>(s.at(row, col)) = chunk[i];
+    }
+  }
+};
+
+}  // namespace hk::tile

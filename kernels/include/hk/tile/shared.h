@@ -1,0 +1,45 @@
+// hk/tile/shared.h: matrix tiles of 16-bit elements in shared memory (LDS on AMD).
+//
+// A SharedTile<T, kRows, kCols> is row-major in rows of 16-byte chunks (8 elements), with the
+// chunks of each row permuted by an XOR of the row number. Why: the hot reads of a matrix
+// tile take the same chunk column from 8 consecutive rows at once (NVIDIA's ldmatrix reads 8
+// rows of 16 bytes per phase; AMD's MFMA operand reads take 16 rows). Unswizzled, rows of 64
+// or 256 bytes put those chunks in the same few banks (2- to 8-way conflicts); swizzled, the 8
+// rows land on 8 different 16-byte bank groups, which is all 32 banks of 4 bytes once. Writes
+// of whole rows (the global -> shared copies) stay conflict-free because the XOR only permutes
+// chunks within a row.
+//
+// The swizzle: rows that share one 128-byte line of banks (kRowsPerLine of them, for rows
+// narrower than 128 bytes) share a pattern; the next line's rows XOR the chunk index with the
+// line number, modulo the chunks a line holds. For 64-byte rows (kCols = 32): chunk ^ (row / 2
+// % 4); for rows of 128 bytes or more: chunk ^ (row % 8).
+#pragma once
+
+#include "../device.h"
+
+namespace hk::tile {
+
+template <typename T, unsigned kRows_, unsigned kCols_> struct SharedTile {
+  static_assert(sizeof(T) == 2, "shared tiles hold 16-bit elements");
+  static constexpr unsigned kRows = kRows_;
+  static constexpr unsigned kCols = kCols_;
+  static constexpr unsigned kChunk = 8;  // elements in a 16-byte chunk
+  static constexpr unsigned kChunksPerRow = kCols / kChunk;
+  static_assert(kChunksPerRow * kChunk == kCols && kChunksPerRow >= 2 &&
+                    (kChunksPerRow & (kChunksPerRow - 1)) == 0,
+                "rows are a power of two of at least two 16-byte chunks");
+  static constexpr unsigned kRowsPerLine = kChunksPerRow >= 8 ? 1 : 8 / kChunksPerRow;
+  static constexpr unsigned kSwizzleMask = (kChunksPerRow >= 8 ? 8 : kChunksPerRow) - 1;
+
+  alignas(16) T data[kRows * kCols];
+
+  // The element index of (row, col) in data.
+  static HK_DEVICE unsigned index(unsigned row, unsigned col) {
+    const unsigned chunk = (col / kChunk) ^ ((row / kRowsPerLine) & kSwizzleMask);
+    return row * kCols + chunk * kChunk + col % kChunk;
+  }
+  HK_DEVICE T* at(unsigned row, unsigned col) { return data + index(row, col); }
+  HK_DEVICE const T* at(unsigned row, unsigned col) const { return data + index(row, col); }
+};
+
+}  // namespace hk::tile

@@ -1,0 +1,14 @@
+// hk/tile/tile.h: the matrix tile layer. Matrix kernels include this one file:
+//   hk/tile/shared.h    SharedTile: 16-bit matrix tiles in shared memory, swizzled against
+//                       bank conflicts
+//   hk/tile/copy.h      GlobalMatrix views and block copies global -> shared (cp.async on
+//                       NVIDIA, through registers everywhere)
+//   hk/tile/mma.h       Accumulators (a wave's block of f32 results) and mma() over tiles,
+//                       mapped per target by
+//   hk/tile/mfma.h      AMD CDNA MFMA (gfx90a, gfx942, gfx950)
+//   hk/tile/mma_sync.h  NVIDIA mma.sync with ldmatrix (sm_80, sm_90)
+#pragma once
+
+#include "copy.h"
+#include "mma.h"
+#include "shared.h"
