@@ -172,7 +172,8 @@ fn scalar(ty: ScalarType, object: &Bound<'_, PyAny>) -> PyResult<Result<ScalarVa
     };
     Ok(if overflows && value.is_finite() {
         Err(Refusal::Value(format!(
-            "is {value}, beyond the range of {ty}"
+            "is {}, beyond the range of {ty}",
+            object.repr()?
         )))
     } else {
         Ok(converted)
