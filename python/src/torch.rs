@@ -120,11 +120,13 @@ impl Torch {
                 tensor.call_method0(intern!(py, "get_device"))?.extract()?
             }
         };
+        // `nbytes` is a property, cheaper than the method `numel()`.
+        let bytes: usize = tensor.getattr(intern!(py, "nbytes"))?.extract()?;
         Ok(Ok(Memory {
             ptr: tensor.call_method0(intern!(py, "data_ptr"))?.extract()?,
             device,
             elem,
-            len: tensor.call_method0(intern!(py, "numel"))?.extract()?,
+            len: bytes / elem.size() as usize,
         }))
     }
 

@@ -39,6 +39,14 @@ def bundle() -> hkload.Bundle:
     return hkload.Bundle(BUNDLE)
 
 
+def readme_example(needle: str) -> str:
+    """The README's Python example that contains `needle`, reading the bundle under test."""
+    text = (ROOT / "README.md").read_text()
+    blocks = [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+    (example,) = [block for block in blocks if needle in block]
+    return example.replace('"dist/hk-kernels-0.1.0"', repr(str(BUNDLE)))
+
+
 def extent(signature: hkload.Signature, name: str, sizes: dict[str, int]) -> int:
     """The elements pointer argument `name` may be touched at, by the kernel's own contract
     (its integer expression, evaluated over `sizes` with integer division)."""

@@ -117,3 +117,17 @@ def test_device_without_a_gpu_names_every_backend():
         assert str(error).startswith("hkload found no GPU: tried cuda, then hip:")
     else:
         assert device.api in ("cuda", "hip")
+
+
+def test_the_stub_declares_every_kernel_typed(bundle):
+    import ast
+
+    from hkload.stubs import stub
+
+    text = stub(bundle)
+    methods = [node for node in ast.walk(ast.parse(text)) if isinstance(node, ast.FunctionDef)]
+    assert sorted(m.name for m in methods) == sorted(bundle.kernels)
+    assert (
+        "    def rmsnorm_bf16(self, out: Memory, x: Memory, weight: Memory, eps: float, "
+        "rows: int, cols: int, *, stream: Any = None) -> None:\n"
+    ) in text

@@ -12,7 +12,7 @@ import pytest
 
 import hkload
 import hkload.testing
-from conftest import SIZES, extent, scalar
+from conftest import SIZES, extent, readme_example, scalar
 
 NUMPY = {
     "f16": np.float16,
@@ -264,3 +264,13 @@ def test_stream_objects_are_read_for_their_handle(kernels, device):
     assert device.launches()[0]["stream"] == 77
     with pytest.raises(TypeError, match="stream= takes a torch.cuda.Stream"):
         kernels.relu_f32(*relu_args(), stream="default")
+
+
+def test_the_readme_example_runs(capsys):
+    exec(readme_example("simulated_device"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [
+        "[1, 1, 1]",
+        "kernel `relu_f32` argument 0 (`out: *mut f32`) holds 8 elements, but the kernel may "
+        "touch 9 (`n with n = 9`)",
+    ]
