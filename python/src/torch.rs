@@ -93,17 +93,6 @@ impl Torch {
         let Some(elem) = self.scalar_type(&dtype) else {
             return Ok(Err(Refusal::Type(format!("a tensor of {dtype}"))));
         };
-        let flag = match kind {
-            MemoryKind::Cuda | MemoryKind::Rocm => intern!(py, "is_cuda"),
-            MemoryKind::Host => intern!(py, "is_cpu"),
-        };
-        if !tensor.getattr(flag)?.is_truthy()? {
-            return Ok(Err(Refusal::Value(format!(
-                "is a tensor on {}, but the kernel runs on {}",
-                tensor.getattr(intern!(py, "device"))?,
-                kind.describe()
-            ))));
-        }
         if !tensor
             .call_method0(intern!(py, "is_contiguous"))?
             .is_truthy()?
@@ -114,11 +103,22 @@ impl Torch {
                 tensor.call_method0(intern!(py, "stride"))?.str()?
             ))));
         }
+        // A GPU tensor's `get_device()` is its index (CUDA and ROCm builds alike), anything
+        // else's -1: one call tells both where the tensor is and whether that is a GPU.
         let device = match kind {
-            MemoryKind::Host => 0,
+            MemoryKind::Host if tensor.getattr(intern!(py, "is_cpu"))?.is_truthy()? => Some(0),
+            MemoryKind::Host => None,
             MemoryKind::Cuda | MemoryKind::Rocm => {
-                tensor.call_method0(intern!(py, "get_device"))?.extract()?
+                let index: i64 = tensor.call_method0(intern!(py, "get_device"))?.extract()?;
+                usize::try_from(index).ok()
             }
+        };
+        let Some(device) = device else {
+            return Ok(Err(Refusal::Value(format!(
+                "is a tensor on {}, but the kernel runs on {}",
+                tensor.getattr(intern!(py, "device"))?,
+                kind.describe()
+            ))));
         };
         // `nbytes` is a property, cheaper than the method `numel()`.
         let bytes: usize = tensor.getattr(intern!(py, "nbytes"))?.extract()?;
