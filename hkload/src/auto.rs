@@ -1,8 +1,11 @@
 //! Choosing a GPU without naming an API: [`first_device`] tries each backend compiled in, CUDA
-//! first, then HIP, and returns the first device of the first backend that has one.
+//! first, then HIP, and returns the first device of the first backend that has one;
+//! [`first_driver`] returns that backend itself, for programs that open several of its devices.
+
+use std::sync::Arc;
 
 use crate::device::Device;
-use crate::driver::DriverError;
+use crate::driver::{Driver, DriverError};
 use crate::error::{Error, Result};
 
 /// Opens one backend and returns its first device.
@@ -32,6 +35,16 @@ const BACKENDS: &[(&str, Backend)] = &[
 ///   hip found no GPU: hipGetDeviceCount reports hipErrorNoDevice (libamdhip64.so, HIP 5.2); …
 /// ```
 pub fn first_device() -> Result<Device> {
+    first_of_backends()
+}
+
+/// The driver of [`first_device`]: the first backend that has a GPU, with the same error when
+/// none has. Open its devices with [`Device::new`]; they share the one driver instance.
+pub fn first_driver() -> Result<Arc<dyn Driver>> {
+    first_of_backends().map(|device| device.driver().clone())
+}
+
+fn first_of_backends() -> Result<Device> {
     let mut reasons = String::new();
     for (_, open) in BACKENDS {
         match open() {

@@ -1,0 +1,58 @@
+"""Fixtures shared by the suites: the repository's bundle (built by `scripts/setup`, or the
+folder named by HKLOAD_BUNDLE) and arguments that satisfy any kernel's contract."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import hkload
+
+ROOT = Path(__file__).resolve().parents[2]
+BUNDLE = Path(os.environ.get("HKLOAD_BUNDLE", ROOT / "dist" / "hk-kernels-0.1.0"))
+
+# Integer arguments every kernel of the repository's bundle accepts: its contracts'
+# requirements hold (k <= n, rot_dim <= dim and even, width >= 1) and every buffer is small.
+SIZES = {
+    "n": 96,
+    "rows": 3,
+    "cols": 40,
+    "k": 5,
+    "batch": 2,
+    "heads": 3,
+    "seq": 4,
+    "dim": 16,
+    "rot_dim": 12,
+    "tokens": 5,
+    "table_rows": 7,
+    "seqlen": 9,
+    "width": 4,
+}
+
+
+@pytest.fixture(scope="session")
+def bundle() -> hkload.Bundle:
+    if not BUNDLE.is_dir():
+        pytest.fail(f"no bundle at {BUNDLE}: run scripts/setup (or set HKLOAD_BUNDLE)")
+    return hkload.Bundle(BUNDLE)
+
+
+def readme_example(needle: str) -> str:
+    """The README's Python example that contains `needle`, reading the bundle under test."""
+    text = (ROOT / "README.md").read_text()
+    blocks = [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+    (example,) = [block for block in blocks if needle in block]
+    return example.replace('"dist/hk-kernels-0.1.0"', repr(str(BUNDLE)))
+
+
+def extent(signature: hkload.Signature, name: str, sizes: dict[str, int]) -> int:
+    """The elements pointer argument `name` may be touched at, by the kernel's own contract
+    (its integer expression, evaluated over `sizes` with integer division)."""
+    expression = dict(signature.extents)[name]
+    return eval(expression.replace("/", "//"), {"__builtins__": {}}, dict(sizes))
+
+
+def scalar(param: hkload.Param, sizes: dict[str, int]) -> int | float:
+    return sizes[param.name] if param.name in sizes else 1e-5

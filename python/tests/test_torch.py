@@ -1,0 +1,278 @@
+"""Every kernel of the bundle on a GPU, called on torch tensors with fresh random inputs and
+compared with torch's own implementation in float64; the same calls through the registered
+torch ops, eagerly, under ``torch.compile(fullgraph=True)``, and through
+``torch.library.opcheck``. Needs torch and a GPU: skipped elsewhere (CI has neither)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no GPU for torch", allow_module_level=True)
+
+import torch.nn.functional as F  # noqa: E402
+
+import hkload  # noqa: E402
+import hkload.torch  # noqa: E402
+from conftest import readme_example  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+# (atol, rtol) against a float64 reference: the kernels compute in f32 and round once.
+TOLERANCE = {"bf16": (2e-2, 2e-2), "f16": (2e-3, 2e-3), "f32": (2e-5, 2e-5)}
+
+
+@dataclass
+class Case:
+    """One call of a kernel: its arguments, and the check of its outputs after the call."""
+
+    kernel: str
+    args: list
+    check: Callable[[], None]
+
+
+def close(got, want, suffix: str, what: str) -> None:
+    atol, rtol = TOLERANCE[suffix]
+    torch.testing.assert_close(got.double(), want.double(), atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
+
+
+def split(kernel: str) -> tuple[str, str]:
+    """`rmsnorm_bf16` -> (`rmsnorm`, `bf16`)."""
+    stem, suffix = kernel.rsplit("_", 1)
+    return stem, suffix
+
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "tanh": torch.tanh,
+}
+
+
+def rope_reference(x, cos, sin, style: str):
+    """(a, b) -> (a cos - b sin, b cos + a sin) over the pairs `style` forms among the first
+    2 * cos.shape[-1] elements of each vector; the rest unchanged."""
+    half = cos.shape[-1]
+    out = x.double().clone()
+    if style == "neox":
+        first, second = slice(0, half), slice(half, 2 * half)
+    else:
+        first, second = slice(0, 2 * half, 2), slice(1, 2 * half, 2)
+    a, b = out[..., first].clone(), out[..., second].clone()
+    out[..., first] = a * cos - b * sin
+    out[..., second] = b * cos + a * sin
+    return out
+
+
+def case(kernel: str, generator: torch.Generator) -> Case:
+    """A call of `kernel` on fresh random inputs, with the float64 torch reference."""
+    stem, suffix = split(kernel)
+    dtype = DTYPES[suffix]
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=generator, device="cuda", dtype=torch.float64) * scale).to(dtype)
+
+    def empty(*shape, like_dtype=dtype):
+        return torch.full(shape, float("nan"), dtype=like_dtype, device="cuda") if like_dtype.is_floating_point else torch.zeros(shape, dtype=like_dtype, device="cuda")
+
+    if stem in ACTIVATIONS:
+        n = 4099
+        x, out = randn(n, scale=3.0), empty(n)
+        return Case(kernel, [out, x, n], lambda: close(out, ACTIVATIONS[stem](x.double()), suffix, kernel))
+    if stem.endswith("_and_mul"):
+        rows, cols = 5, 1031
+        x, out = randn(rows, 2 * cols, scale=3.0), empty(rows, cols)
+        act = ACTIVATIONS[stem.removesuffix("_and_mul")]
+        want = lambda: act(x[:, :cols].double()) * x[:, cols:].double()  # noqa: E731
+        return Case(kernel, [out, x, rows, cols], lambda: close(out, want(), suffix, kernel))
+    if stem in ("rmsnorm", "layernorm", "fused_add_rmsnorm", "fused_add_layernorm"):
+        rows, cols, eps = 6, 4099, 1e-5
+        x, weight, bias, out = randn(rows, cols), randn(cols), randn(cols), empty(rows, cols)
+        fused = stem.startswith("fused_add_")
+        residual = randn(rows, cols)
+        stored = (x.double() + residual.double()).to(dtype)  # the sum the fused kernels keep
+        source = stored if fused else x
+
+        def norm(v):
+            if stem.endswith("rmsnorm"):
+                return F.rms_norm(v.double(), (cols,), weight.double(), eps)
+            return F.layer_norm(v.double(), (cols,), weight.double(), bias.double(), eps)
+
+        def check():
+            close(out, norm(source), suffix, kernel)
+            if fused:
+                close(residual, stored, suffix, f"{kernel} residual")
+
+        args = [out] + ([residual] if fused else []) + [x, weight] + ([bias] if "layernorm" in stem else [])
+        return Case(kernel, args + [eps, rows, cols], check)
+    if stem == "softmax":
+        rows, cols = 7, 3001
+        x, out = randn(rows, cols, scale=4.0), empty(rows, cols)
+        return Case(kernel, [out, x, rows, cols], lambda: close(out, torch.softmax(x.double(), -1), suffix, kernel))
+    if stem == "topk":
+        rows, n, k = 9, 2000, 32
+        x = randn(rows, n)
+        values, indices = empty(rows, k), empty(rows, k, like_dtype=torch.int32)
+
+        def check():
+            assert torch.equal(values, torch.topk(x, k, dim=-1).values), kernel
+            assert torch.equal(x.gather(-1, indices.long()), values), f"{kernel} indices"
+
+        return Case(kernel, [values, indices, x, rows, n, k], check)
+    if stem.startswith("rope_"):
+        _, style, layout = stem.split("_")
+        heads, dim, rot_dim = 3, 128, 96
+        angles = torch.rand(11, rot_dim // 2, generator=generator, device="cuda", dtype=torch.float64) * 6
+        cos, sin = angles.cos().float(), angles.sin().float()
+        if layout == "bhsd":
+            batch, seq = 2, 11
+            x, out = randn(batch, heads, seq, dim), empty(batch, heads, seq, dim)
+            want = lambda: rope_reference(x, cos.double(), sin.double(), style)  # noqa: E731
+            args = [out, x, cos, sin, batch, heads, seq, dim, rot_dim]
+        else:
+            tokens, table_rows = 13, 11
+            positions = torch.randint(0, table_rows, (tokens,), generator=generator, device="cuda", dtype=torch.int32)
+            x, out = randn(tokens, heads, dim), empty(tokens, heads, dim)
+            rows = lambda t: t[positions.long()].double()[:, None, :]  # noqa: E731
+            want = lambda: rope_reference(x, rows(cos), rows(sin), style)  # noqa: E731
+            args = [out, x, cos, sin, positions, table_rows, tokens, heads, dim, rot_dim]
+        return Case(kernel, args, lambda: close(out, want(), suffix, kernel))
+    if stem.startswith("causal_conv1d"):
+        batch, dim, seqlen, width = 2, 5, 1030, 4
+        x, weight, bias, out = randn(batch, dim, seqlen), randn(dim, width), randn(dim), empty(batch, dim, seqlen)
+        with_bias = stem.endswith("bias_silu")
+
+        def want():
+            padded = F.pad(x.double(), (width - 1, 0))
+            y = F.conv1d(padded, weight.double()[:, None, :], bias.double() if with_bias else None, groups=dim)
+            return F.silu(y) if with_bias else y
+
+        args = [out, x, weight] + ([bias] if with_bias else []) + [batch, dim, seqlen, width]
+        return Case(kernel, args, lambda: close(out, want(), suffix, kernel))
+    raise AssertionError(f"no torch reference for {kernel}: add one to this suite")
+
+
+@pytest.fixture(scope="module")
+def kernels(bundle):
+    return bundle.load(torch.device("cuda", 0))
+
+
+@pytest.fixture(scope="module")
+def ops(kernels):
+    return hkload.torch.register(kernels, namespace="hk_test")
+
+
+@pytest.fixture
+def generator():
+    return torch.Generator(device="cuda").manual_seed(0x686B)
+
+
+def modules(bundle) -> dict[str, list[str]]:
+    """Kernel names grouped by their stem without the dtype (one compiled graph each)."""
+    groups: dict[str, list[str]] = {}
+    for name in bundle.kernels:
+        groups.setdefault(split(name)[0].split("_")[0], []).append(name)
+    return groups
+
+
+def test_every_kernel_matches_torch(bundle, kernels, generator):
+    for name in bundle.kernels:
+        call = case(name, generator)
+        getattr(kernels, name)(*call.args)
+        torch.cuda.synchronize()
+        call.check()
+
+
+def test_every_op_matches_torch_eagerly(bundle, ops, generator):
+    for name in bundle.kernels:
+        call = case(name, generator)
+        getattr(ops, name)(*call.args)
+        torch.cuda.synchronize()
+        call.check()
+
+
+def test_every_op_compiles_without_graph_breaks(bundle, ops, generator):
+    for group in modules(bundle).values():
+        torch._dynamo.reset()  # each group is a new graph of the same function
+        calls = [case(name, generator) for name in group]
+
+        def run(calls_args):
+            for name, args in zip(group, calls_args):
+                getattr(ops, name)(*args)
+
+        torch.compile(run, fullgraph=True)([c.args for c in calls])
+        torch.cuda.synchronize()
+        for call in calls:
+            call.check()
+
+
+def test_opcheck_passes_for_every_op(bundle, ops, generator):
+    for name in bundle.kernels:
+        call = case(name, generator)
+        torch.library.opcheck(getattr(ops, name).default, tuple(call.args))
+
+
+def test_launches_go_on_the_current_stream(kernels, generator):
+    call = case("softmax_f32", generator)
+    out = call.args[0]
+    stream, observer = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time ahead of the kernel
+        kernels.softmax_f32(*call.args)
+    time.sleep(0.02)
+    with torch.cuda.stream(observer):
+        snapshot = out.clone()
+    observer.synchronize()
+    # Queued behind the sleep, the kernel has not run yet; on any other stream it would have.
+    assert snapshot.isnan().all()
+    stream.synchronize()
+    call.check()
+
+
+def test_tensor_checks_name_the_argument(kernels):
+    x = torch.randn(4, 64, device="cuda")
+    out = torch.empty_like(x)
+    with pytest.raises(hkload.LaunchTypeError, match=r"argument 1 \(`x: \*const f32`\) expects a buffer of f32 \(`\*const f32`\), got a writable pointer to bf16"):
+        kernels.softmax_f32(out, x.bfloat16(), 4, 64)
+    with pytest.raises(hkload.LaunchValueError, match=r"argument 1 \(`x: \*const f32`\) must be contiguous, but the tensor of shape torch.Size\(\[64, 4\]\) has strides \(1, 64\)"):
+        kernels.softmax_f32(out, x.T, 64, 4)
+    with pytest.raises(hkload.LaunchValueError, match=r"argument 1 \(`x: \*const f32`\) is a tensor on cpu, but the kernel runs on a CUDA device"):
+        kernels.softmax_f32(out, x.cpu(), 4, 64)
+    with pytest.raises(hkload.LaunchValueError, match=r"argument 0 \(`out: \*mut f32`\) holds 255 elements, but the kernel may touch 256"):
+        kernels.softmax_f32(out.view(-1)[1:], x, 4, 64)
+    with pytest.raises(hkload.LaunchTypeError, match=r"argument 1 \(`x: \*const f32`\) expects .* got a tensor of torch.complex64"):
+        kernels.softmax_f32(out, x.to(torch.complex64), 4, 64)
+
+
+def test_dlpack_and_pointer_arguments_reach_the_kernel(kernels, generator):
+    call = case("relu_f32", generator)
+    out, x, n = call.args
+    kernels.relu_f32(hkload.Pointer(out.data_ptr(), torch.float32, n), _DLPackOnly(x), n)
+    torch.cuda.synchronize()
+    call.check()
+
+
+def test_the_readme_example_runs(capsys):
+    exec(readme_example("hkload.torch.register"), {})
+    printed = capsys.readouterr().out
+    assert "rmsnorm_bf16(out: *mut bf16, x: *const bf16" in printed
+    assert "argument 1 (`x: *const bf16`) must be contiguous" in printed
+
+
+class _DLPackOnly:
+    """A GPU array known to hkload only through DLPack, as a cupy or jax array would be."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __dlpack__(self, stream=None):
+        return self.tensor.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.tensor.__dlpack_device__()
