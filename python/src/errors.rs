@@ -55,7 +55,9 @@ pub(crate) fn to_py(error: Error) -> PyErr {
         Error::Io { .. }
         | Error::Manifest { .. }
         | Error::Format { .. }
-        | Error::Mismatch { .. } => Exception::Bundle,
+        | Error::Mismatch { .. }
+        | Error::Signature { .. }
+        | Error::Pinned { .. } => Exception::Bundle,
         Error::NoCodeObject { .. } => Exception::NoCodeObject,
         Error::UnknownKernel { .. } => Exception::UnknownKernel,
         Error::Driver(_) | Error::NoSuchDevice { .. } => Exception::Driver,
