@@ -147,18 +147,17 @@ pub(crate) fn resolve(object: &Bound<'_, PyAny>) -> PyResult<PyDevice> {
     if let (Ok(kind), Ok(index)) = (
         object.getattr(intern!(py, "type")),
         object.getattr(intern!(py, "index")),
-    ) {
-        if kind.extract::<String>().is_ok_and(|k| k == "cuda") {
-            let index = if index.is_none() {
-                py.import("torch")?
-                    .getattr("cuda")?
-                    .call_method0("current_device")?
-                    .extract()?
-            } else {
-                index.extract()?
-            };
-            return device(index);
-        }
+    ) && kind.extract::<String>().is_ok_and(|k| k == "cuda")
+    {
+        let index = if index.is_none() {
+            py.import("torch")?
+                .getattr("cuda")?
+                .call_method0("current_device")?
+                .extract()?
+        } else {
+            index.extract()?
+        };
+        return device(index);
     }
     Err(PyTypeError::new_err(format!(
         "a device is an hkload.Device, a GPU index or a torch.device('cuda', index), not {}",
