@@ -2,10 +2,9 @@
 """gemm_a16w16 on an NVIDIA GPU: correctness against a float64 reference and speed against
 torch.matmul (cuBLAS), in one run.
 
-Loads the module's cubin (unbundled from the bundle's gemm.hipfb) with CuPy and launches the
-kernels by hand with the launch of the contracts in manifests/gemm.toml (block 4 * 32, grid
-[ceil(n / 128), ceil(m / 128)]; split K [ceil(n / 64), ceil(m / 16), splits]): a development
-tool, not the product path (gpu_parity runs the same kernels through hkload).
+Calls the kernels through hkload's Python package with their arguments alone, as a user does:
+each kernel's contract (manifests/gemm.toml) computes the launch and checks every buffer. The
+split-K kernels' other z counts are checked by gpu_parity, which may set them.
 
 Checks: fresh random inputs (uniform in [-1, 1), rounded to the input type), every symbol
 variant, views (leading dimensions past the row width, pointers offset into a larger buffer,
@@ -18,26 +17,18 @@ spacing (2^-25 for f16); the second term is f32
 accumulation (products of 16-bit values are exact in f32), a generous statistical bound of
 K roundings of partial sums. A negative control (k - 1 passed to the kernel) must fail it.
 
-usage: gemm_bench.py CUBIN_OR_BUNDLE [--check-only | --bench-only]
-       (a bundle folder: the sm_90 cubin is read out of its gemm.hipfb)
+usage: gemm_bench.py BUNDLE [--check-only | --bench-only]   (hkload installed, or on PYTHONPATH)
 """
 
 from __future__ import annotations
 
 import math
-import os
 import statistics
-import struct
 import sys
-import tempfile
 
-import cupy
-import numpy as np
+import hkload
 import torch
 
-TILE = 128
-BLOCK = 4 * 32
-SPLIT_TILE_M, SPLIT_TILE_N = 16, 64
 POISON = -1  # 0xffff.. bits: NaN in bf16, f16 and f32
 
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -54,46 +45,20 @@ def symbol(layout, ty, bias, out_f32):
 
 
 class Gemm:
-    def __init__(self, cubin):
-        self.module = cupy.RawModule(path=cubin)
-        self.functions = {}
+    """The bundle's GEMMs on CUDA device 0, called through hkload."""
 
-    def launch(self, name, c, a, b, bias, m, n, k, lda, ldb, ldc, splits=None):
-        """splits: split K's z (None: the contract's), or for batched kernels (batch, stride_a,
-        stride_b, stride_c)."""
-        f = self.functions.get(name)
-        if f is None:
-            f = self.functions[name] = self.module.get_function(name)
-        ptrs = [c, a, b] + ([bias] if bias is not None else [])
-        args = tuple(np.uint64(p) for p in ptrs) + tuple(np.uint32(x) for x in (m, n, k, lda, ldb, ldc))
-        if name.startswith("batched"):
-            batch, sa, sb, sc = splits
-            args += (np.uint32(batch), np.uint64(sa), np.uint64(sb), np.uint64(sc))
-            grid = (math.ceil(n / TILE), math.ceil(m / TILE), batch)
-        elif "gated" in name:  # bias slot: w_up
-            grid = (math.ceil(n / 64), math.ceil(m / TILE), 1)
-        elif "splitk" in name:
-            grid = (math.ceil(n / SPLIT_TILE_N), math.ceil(m / SPLIT_TILE_M), splits or contract_splits(m, n, k))
-        else:
-            grid = (math.ceil(n / TILE), math.ceil(m / TILE), 1)
-        f(grid, (BLOCK, 1, 1), args)
+    def __init__(self, bundle):
+        self.kernels = hkload.Bundle(bundle).load(torch.device("cuda", 0))
+
+    def launch(self, name, c, a, b, bias, m, n, k, lda, ldb, ldc, batch=None):
+        """c, a, b, bias: tensors whose first element is the matrix's (a view from an offset into
+        a larger buffer is one); batch: (batch, stride_a, stride_b, stride_c) for the batched
+        kernels. For the gated kernels b is W_gate and bias W_up."""
+        args = [c, a, b] + ([bias] if bias is not None else []) + [m, n, k, lda, ldb, ldc]
+        self.kernels.call(name, *args, *(batch or ()))
 
 
-COMPUTE_UNITS = 132  # the H100 SXM's SMs; main() checks the device agrees
-
-
-def contract_splits(m, n, k):
-    """The split-K kernels' z, as their contract computes it."""
-    tiles = math.ceil(n / SPLIT_TILE_N) * math.ceil(m / SPLIT_TILE_M)
-    steps = math.ceil(k / 128)
-    return max(1, min(math.ceil(steps / 4), math.ceil(2 * COMPUTE_UNITS / tiles)))
-
-
-def ptr(t, offset=0):
-    return t.data_ptr() + offset * t.element_size()
-
-
-def check_case(g, layout, ty, bias_on, out_f32, m, n, k, pad=(0, 0, 0), offset=0, control=False, splits=None):
+def check_case(g, layout, ty, bias_on, out_f32, m, n, k, pad=(0, 0, 0), offset=0, control=False):
     """One launch; returns (ok, worst error / bound, description). layout "splitk" is the
     split-K kernel (nt, f32 C that the product adds to)."""
     split = layout == "splitk"
@@ -121,8 +86,8 @@ def check_case(g, layout, ty, bias_on, out_f32, m, n, k, pad=(0, 0, 0), offset=0
         start = torch.rand(m, n, device="cuda") * 8 - 4
         cbuf[guard : guard + m * ldc].view(m, ldc)[:, :n] = start
     name = symbol("splitk" if split else layout, ty, bias_on, out_f32)
-    g.launch(name, ptr(cbuf, guard), ptr(abuf, offset), ptr(bbuf, offset),
-             ptr(bias) if bias_on else None, m, n, k - 1 if control else k, lda, ldb, ldc, splits)
+    g.launch(name, cbuf[guard:], abuf[offset:], bbuf[offset:], bias, m, n, k - 1 if control else k,
+             lda, ldb, ldc)
     torch.cuda.synchronize()
     a64, b64 = a.double(), bm.double()
     bk = b64.t() if layout == "nt" else b64  # [k, n]
@@ -143,7 +108,7 @@ def check_case(g, layout, ty, bias_on, out_f32, m, n, k, pad=(0, 0, 0), offset=0
     untouched = bool((bits[:guard] == POISON).all() and (bits[guard + span :] == POISON).all())
     if pc:
         untouched &= bool((cview.view(torch.int32 if out_f32 else torch.int16)[:, n:] == POISON).all())
-    desc = f"{name:<34} m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc} off={offset}" + (f" splits={splits or contract_splits(m, n, k)}" if split else "")
+    desc = f"{name:<34} m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc} off={offset}"
     return ok_values and untouched, worst, untouched, desc
 
 
@@ -156,7 +121,7 @@ def check_batched(g, layout, ty, m, n, k, batch, shared_b):
     guard = 1024
     cbuf = torch.full((guard + batch * m * n + guard,), POISON, device="cuda", dtype=torch.int16).view(dt)
     name = f"batched_gemm_a16w16_{layout}_{ty}"
-    g.launch(name, ptr(cbuf, guard), ptr(a), ptr(b), None, m, n, k, k, k if layout == "nt" else n, n,
+    g.launch(name, cbuf[guard:], a, b, None, m, n, k, k, k if layout == "nt" else n, n,
              (batch, m * k, 0 if shared_b else n * k, m * n))
     torch.cuda.synchronize()
     bk = b.double().transpose(1, 2) if layout == "nt" else b.double()
@@ -184,7 +149,7 @@ def check_gated(g, act, ty, m, n, k):
     guard = 1024
     cbuf = torch.full((guard + m * n + guard,), POISON, device="cuda", dtype=torch.int16).view(dt)
     name = f"gemm_a16w16_gated_{act}_{ty}"
-    g.launch(name, ptr(cbuf, guard), ptr(a), ptr(wg), ptr(wu), m, n, k, k, k, n)
+    g.launch(name, cbuf[guard:], a, wg, wu, m, n, k, k, k, n)
     torch.cuda.synchronize()
     a64 = a.double()
     gate, up = a64 @ wg.double().t(), a64 @ wu.double().t()
@@ -222,16 +187,15 @@ def run_checks(g):
         cases.append((l, t, b, o, 77, 200, 136, (8, 16, 5), 0))  # aligned rows, ragged ldc
         cases.append((l, t, b, o, 33, 70, 61, (3, 1, 0), 1))  # unaligned rows and pointers
         cases.append((l, t, b, o, 130, 129, 128, (0, 0, 3), 8))  # aligned offset views
-    # Split K: decode sizes with the contract's z, and forced z (1, and more than K has steps).
+    # Split K: decode sizes, with the contract's z.
     for j, (m, n, k) in enumerate([(1, 4096, 4096), (16, 14336, 4096), (64, 4096, 14336), (7, 127, 7),
                                    (1, 28672, 8192), (33, 70, 61), (128, 1000, 4096)]):
         for ty in ("bf16", "f16"):
             cases.append(("splitk", ty, (j + (ty == "f16")) % 2 == 0, True, m, n, k, (0, 0, 0), 0))
-    cases.append(("splitk", "bf16", True, True, 16, 4096, 4096, (8, 8, 3), 1, 1))
-    cases.append(("splitk", "f16", False, True, 5, 300, 1000, (3, 1, 0), 1, 40))
+    cases.append(("splitk", "bf16", True, True, 16, 4096, 4096, (8, 8, 3), 1))
+    cases.append(("splitk", "f16", False, True, 5, 300, 1000, (3, 1, 0), 1))
     for case in cases:
-        ok, worst, untouched, desc = check_case(g, *case[:7], pad=case[7], offset=case[8],
-                                                splits=case[9] if len(case) > 9 else None)
+        ok, worst, untouched, desc = check_case(g, *case[:7], pad=case[7], offset=case[8])
         total += 1
         worst_all = max(worst_all, worst)
         if not ok:
@@ -311,7 +275,7 @@ def run_bench(g):
 
         def ours():
             i = it[0] = (it[0] + 1) % copies
-            g.launch("gemm_a16w16_nt_bf16", ptr(c), ptr(a[i]), ptr(w[i]), None, m, n, k, k, k, n)
+            g.launch("gemm_a16w16_nt_bf16", c, a[i], w[i], None, m, n, k, k, k, n)
 
         def theirs():
             i = it[0] = (it[0] + 1) % copies
@@ -325,7 +289,7 @@ def run_bench(g):
             def split():
                 i = it[0] = (it[0] + 1) % copies
                 c32.zero_()
-                g.launch("gemm_a16w16_splitk_nt_bf16", ptr(c32), ptr(a[i]), ptr(w[i]), None, m, n, k, k, k, n)
+                g.launch("gemm_a16w16_splitk_nt_bf16", c32, a[i], w[i], None, m, n, k, k, k, n)
 
             t_split = bench_ms(split)
         t_theirs = bench_ms(theirs)
@@ -347,42 +311,18 @@ def run_bench(g):
         wg = (torch.rand(n, k, device="cuda") * 2 - 1).to(torch.bfloat16)
         wu = (torch.rand(n, k, device="cuda") * 2 - 1).to(torch.bfloat16)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        t_ours = bench_ms(lambda: g.launch("gemm_a16w16_gated_silu_bf16", ptr(c), ptr(a), ptr(wg), ptr(wu), m, n, k, k, k, n))
+        t_ours = bench_ms(lambda: g.launch("gemm_a16w16_gated_silu_bf16", c, a, wg, wu, m, n, k, k, k, n))
         t_theirs = bench_ms(lambda: torch.nn.functional.silu(a @ wg.t()) * (a @ wu.t()))
         flop = 4.0 * m * n * k
         print(f"{m:>5} {n:>6} {k:>6}  ours {t_ours:.4f} ms {flop / t_ours / 1e9:6.1f} TF/s   torch {t_theirs:.4f} ms {flop / t_theirs / 1e9:6.1f} TF/s   ratio {t_theirs / t_ours:.2f}", flush=True)
     return rows
 
 
-def cubin_path(path, arch="sm_90"):
-    """path itself, or for a bundle folder the cubin for arch written out of its gemm.hipfb
-    (a clang offload bundle: magic, entry count, then offset, size, id length and id per entry;
-    clang-offload-bundler itself declines to unbundle its `cuda` entries)."""
-    if not os.path.isdir(path):
-        return path
-    data = open(os.path.join(path, "gemm.hipfb"), "rb").read()
-    if data[:24] != b"__CLANG_OFFLOAD_BUNDLE__":
-        sys.exit(f"{path}/gemm.hipfb is not a plain offload bundle (built with --compress?)")
-    (count,) = struct.unpack_from("<Q", data, 24)
-    at = 32
-    for _ in range(count):
-        offset, size, id_len = struct.unpack_from("<QQQ", data, at)
-        entry = data[at + 24 : at + 24 + id_len].decode()
-        at += 24 + id_len
-        if entry == f"cuda-nvptx64-nvidia-cuda-{arch}":
-            out = os.path.join(tempfile.mkdtemp(), f"gemm_{arch}.cubin")
-            open(out, "wb").write(data[offset : offset + size])
-            return out
-    sys.exit(f"{path}/gemm.hipfb has no {arch} cubin")
-
-
 def main():
-    cubin = cubin_path(sys.argv[1])
+    bundle = sys.argv[1]
     mode = sys.argv[2] if len(sys.argv) > 2 else ""
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, "cupy", cupy.__version__)
-    global COMPUTE_UNITS
-    COMPUTE_UNITS = torch.cuda.get_device_properties(0).multi_processor_count
-    g = Gemm(cubin)
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "hkload", bundle)
+    g = Gemm(bundle)
     ok = True
     if mode != "--bench-only":
         ok = run_checks(g)
