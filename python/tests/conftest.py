@@ -14,8 +14,17 @@ ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = Path(os.environ.get("HKLOAD_BUNDLE", ROOT / "dist" / "hk-kernels-0.1.0"))
 
 # Integer arguments every kernel of the repository's bundle accepts: its contracts'
-# requirements hold (k <= n, rot_dim <= dim and even, width >= 1) and every buffer is small.
+# requirements hold (k <= n, rot_dim <= dim and even, width >= 1, the GEMMs' leading
+# dimensions at least their rows' widths and a batch's outputs apart) and every buffer is
+# small.
 SIZES = {
+    "m": 3,
+    "lda": 5,
+    "ldb": 96,
+    "ldc": 96,
+    "stride_a": 15,
+    "stride_b": 480,
+    "stride_c": 288,
     "n": 96,
     "rows": 3,
     "cols": 40,
