@@ -70,8 +70,58 @@ def rope_reference(x, cos, sin, style: str):
     return out
 
 
+def gemm_case(kernel: str, generator: torch.Generator) -> Case:
+    """A call of one of the GEMMs (`gemm_a16w16_{nt,nn}_T[_bias][_out_f32]`, split K, batched,
+    gated) on fresh random inputs, against torch.matmul in float64."""
+    words = kernel.split("_")
+    suffix = next(w for w in words if w in ("bf16", "f16"))
+    dtype = DTYPES[suffix]
+    m, n, k = 37, 70, 96
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, device="cuda", dtype=torch.float64).to(dtype)
+
+    out_f32 = kernel.endswith("_out_f32") or "splitk" in words
+    out_suffix = "f32" if out_f32 else suffix
+    odtype = torch.float32 if out_f32 else dtype
+    a = randn(m, k)
+    if "gated" in words:
+        act = ACTIVATIONS["gelu_tanh" if "gelu" in words else "silu"]
+        w_gate, w_up = randn(n, k), randn(n, k)
+        c = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        want = lambda: act(a.double() @ w_gate.double().t()) * (a.double() @ w_up.double().t())  # noqa: E731
+        return Case(kernel, [c, a, w_gate, w_up, m, n, k, k, k, n], lambda: close(c, want(), suffix, kernel))
+    nn = "nn" in words
+    if words[0] == "batched":
+        batch = 3
+        a = randn(batch, m, k)
+        b = randn(batch, k, n) if nn else randn(batch, n, k)
+        c = torch.full((batch, m, n), float("nan"), dtype=dtype, device="cuda")
+        want = lambda: a.double() @ (b.double() if nn else b.double().transpose(1, 2))  # noqa: E731
+        args = [c, a, b, m, n, k, k, n if nn else k, n, batch, m * k, b[0].numel(), m * n]
+        return Case(kernel, args, lambda: close(c, want(), suffix, kernel))
+    b = randn(k, n) if nn else randn(n, k)
+    bias = randn(n) if "bias" in words else None
+    if "splitk" in words:  # C += A·Bᵀ (+ bias) into f32
+        start = torch.randn(m, n, generator=generator, device="cuda", dtype=torch.float64).float()
+        c = start.clone()
+    else:
+        start = None
+        c = torch.full((m, n), float("nan"), dtype=odtype, device="cuda")
+
+    def want():
+        product = a.double() @ (b.double() if nn else b.double().t())
+        product = product + (bias.double() if bias is not None else 0)
+        return product + (start.double() if start is not None else 0)
+
+    args = [c, a, b] + ([bias] if bias is not None else []) + [m, n, k, k, n if nn else k, n]
+    return Case(kernel, args, lambda: close(c, want(), out_suffix, kernel))
+
+
 def case(kernel: str, generator: torch.Generator) -> Case:
     """A call of `kernel` on fresh random inputs, with the float64 torch reference."""
+    if "gemm" in kernel:
+        return gemm_case(kernel, generator)
     stem, suffix = split(kernel)
     dtype = DTYPES[suffix]
 
