@@ -144,6 +144,19 @@ impl Function {
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|f| f.name() == name)
     }
+
+    /// Whether `count` arguments fit the function; the error says what does.
+    pub fn check_arity(self, count: usize) -> Result<(), String> {
+        if count == self.arity() {
+            Ok(())
+        } else {
+            Err(format!(
+                "`{}` takes {} argument(s), not {count}",
+                self.name(),
+                self.arity()
+            ))
+        }
+    }
 }
 
 impl Expr {

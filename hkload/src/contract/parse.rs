@@ -144,7 +144,11 @@ impl<'a> Parser<'a> {
         })
     }
 
-    fn expr(&mut self) -> Result<Expr, SyntaxError> {
+    /// Runs `parse` one level deeper, refusing to go past [`MAX_DEPTH`].
+    fn nested(
+        &mut self,
+        parse: impl FnOnce(&mut Self) -> Result<Expr, SyntaxError>,
+    ) -> Result<Expr, SyntaxError> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
             return Err(self.error(
@@ -152,17 +156,26 @@ impl<'a> Parser<'a> {
                 format!("the expression nests deeper than {MAX_DEPTH} levels"),
             ));
         }
-        let condition = self.binary(Precedence::OR)?;
-        let expr = if self.eat("?") {
-            let then = self.expr()?;
-            self.expect(":", "after the `?` branch of a conditional")?;
-            let otherwise = self.expr()?;
-            Expr::Cond(Box::new(condition), Box::new(then), Box::new(otherwise))
-        } else {
-            condition
-        };
+        let expr = parse(self);
         self.depth -= 1;
-        Ok(expr)
+        expr
+    }
+
+    fn expr(&mut self) -> Result<Expr, SyntaxError> {
+        self.nested(|p| {
+            let condition = p.binary(Precedence::OR)?;
+            if !p.eat("?") {
+                return Ok(condition);
+            }
+            let then = p.expr()?;
+            p.expect(":", "after the `?` branch of a conditional")?;
+            let otherwise = p.expr()?;
+            Ok(Expr::Cond(
+                Box::new(condition),
+                Box::new(then),
+                Box::new(otherwise),
+            ))
+        })
     }
 
     fn binary(&mut self, level: u8) -> Result<Expr, SyntaxError> {
@@ -185,22 +198,15 @@ impl<'a> Parser<'a> {
     }
 
     fn unary(&mut self) -> Result<Expr, SyntaxError> {
-        self.depth += 1;
-        if self.depth > MAX_DEPTH {
-            return Err(self.error(
-                self.here(),
-                format!("the expression nests deeper than {MAX_DEPTH} levels"),
-            ));
-        }
-        let expr = if self.eat("-") {
-            Expr::Neg(Box::new(self.unary()?))
-        } else if self.eat("!") {
-            Expr::Not(Box::new(self.unary()?))
-        } else {
-            self.primary()?
-        };
-        self.depth -= 1;
-        Ok(expr)
+        self.nested(|p| {
+            if p.eat("-") {
+                Ok(Expr::Neg(Box::new(p.unary()?)))
+            } else if p.eat("!") {
+                Ok(Expr::Not(Box::new(p.unary()?)))
+            } else {
+                p.primary()
+            }
+        })
     }
 
     fn primary(&mut self) -> Result<Expr, SyntaxError> {
@@ -233,16 +239,9 @@ impl<'a> Parser<'a> {
                     args.push(self.expr()?);
                 }
                 self.expect(")", &format!("to close the call of `{name}`"))?;
-                if args.len() != function.arity() {
-                    return Err(self.error(
-                        at,
-                        format!(
-                            "`{name}` takes {} argument(s), not {}",
-                            function.arity(),
-                            args.len()
-                        ),
-                    ));
-                }
+                function
+                    .check_arity(args.len())
+                    .map_err(|message| self.error(at, message))?;
                 Ok(Expr::Call(function, args))
             }
             Token::Punct("(") => {

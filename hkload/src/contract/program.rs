@@ -355,17 +355,9 @@ impl<'a> Binder<'a> {
         expr: &Expr,
         depth: usize,
     ) -> Result<Node, BindError> {
-        if args.len() != function.arity() {
-            return Err(self.error(
-                None,
-                format!(
-                    "`{}` takes {} argument(s), not {}",
-                    function.name(),
-                    function.arity(),
-                    args.len()
-                ),
-            ));
-        }
+        function
+            .check_arity(args.len())
+            .map_err(|message| self.error(None, message))?;
         if function == Function::ElemSize {
             let pointee = match &args[0] {
                 Expr::Name(name) => self
