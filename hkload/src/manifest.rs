@@ -75,6 +75,24 @@ pub struct BundleManifest {
     pub toolchain: Toolchain,
     #[serde(rename = "module", default)]
     pub modules: Vec<ModuleRecord>,
+    /// Where the bundle came from (absent in bundles before 1.3). No timestamps: the same
+    /// sources build the same bytes.
+    #[serde(default)]
+    pub provenance: Option<Provenance>,
+}
+
+/// What built a bundle from what: the builder's version and the sources' revision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Provenance {
+    /// The version of hkpack that built the bundle.
+    pub hkpack: String,
+    /// The git commit the sources were at, when they are in a git repository.
+    #[serde(default)]
+    pub source_revision: Option<String>,
+    /// Whether the sources differed from that commit (uncommitted changes to tracked files).
+    #[serde(default)]
+    pub source_dirty: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

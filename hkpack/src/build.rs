@@ -145,6 +145,7 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
             ptxas: toolchain.ptxas.as_ref().map(|(_, version)| version.clone()),
             amd_code_object_version: package.code_object_version,
         },
+        provenance: crate::provenance::of(&package.dir),
         targets: targets.clone(),
         modules: per_module,
         compress: options.compress,

@@ -13,6 +13,7 @@ pub mod job;
 pub mod manifest;
 pub mod package;
 pub mod probe;
+pub mod provenance;
 pub mod sign;
 pub mod signature;
 pub mod staging;

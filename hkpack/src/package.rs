@@ -10,7 +10,7 @@ use hkload::code_object::KernelFacts;
 use hkload::index::{INDEX_FILE, Index};
 use hkload::manifest::{
     ABI_EXTENSION, BundleManifest, EntryRecord, FORMAT_VERSION, KernelAbi, KernelRecord,
-    MANIFEST_FILE, ModuleAbi, ModuleRecord, Package as PackageRecord, Sha256Digest,
+    MANIFEST_FILE, ModuleAbi, ModuleRecord, Package as PackageRecord, Provenance, Sha256Digest,
     Toolchain as ToolchainRecord,
 };
 use hkload::offload;
@@ -43,6 +43,7 @@ pub struct TargetCode {
 pub struct BundleContents<'p> {
     pub package: &'p Package,
     pub toolchain: ToolchainRecord,
+    pub provenance: Provenance,
     pub targets: Vec<TargetId>,
     /// Per module (in package order), its code per target (in target order).
     pub modules: Vec<(&'p Module, Vec<TargetCode>)>,
@@ -91,6 +92,7 @@ pub fn write(
         },
         toolchain: contents.toolchain.clone(),
         modules: Vec::new(),
+        provenance: Some(contents.provenance.clone()),
     };
     let mut files = Vec::new();
     let mut abis = Vec::new();

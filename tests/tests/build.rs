@@ -646,3 +646,56 @@ fn build_err_with(package: &TempPackage, options: &hkpack::BuildOptions) -> Stri
         }
     }
 }
+
+/// The bundle records hkpack's version and the sources' git revision with a dirty flag, and
+/// nothing that changes from one build of the same sources to the next.
+#[test]
+fn the_manifest_records_where_the_bundle_comes_from() {
+    let package = TempPackage::new(&["gfx942"], &[("scale", SCALE_SOURCE, SCALE_MANIFEST)]);
+    let outside = manifest(&build_ok(&package.options()).bundle);
+    let recorded = outside.provenance.expect("a provenance");
+    assert_eq!(recorded.hkpack, env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        (recorded.source_revision, recorded.source_dirty),
+        (None, false)
+    );
+
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .current_dir(package.root.path())
+            .args(["-c", "user.name=hk", "-c", "user.email=hk@example.invalid"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    git(&["init", "-q"]);
+    git(&["add", "kernels", "manifests"]);
+    git(&["commit", "-q", "-m", "kernels"]);
+    let head = git(&["rev-parse", "HEAD"]);
+    let clean = manifest(&build_ok(&package.options()).bundle)
+        .provenance
+        .unwrap();
+    assert_eq!(
+        (clean.source_revision.as_deref(), clean.source_dirty),
+        (Some(head.as_str()), false)
+    );
+
+    std::fs::write(
+        package.path("kernels/scale.hip"),
+        format!("{SCALE_SOURCE}\n// edited\n"),
+    )
+    .unwrap();
+    let dirty = manifest(&build_ok(&package.options()).bundle)
+        .provenance
+        .unwrap();
+    assert_eq!(
+        (dirty.source_revision.as_deref(), dirty.source_dirty),
+        (Some(head.as_str()), true)
+    );
+}

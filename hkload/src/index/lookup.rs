@@ -557,6 +557,7 @@ mod tests {
                 module("norm", &["rmsnorm_bf16", "layernorm_bf16"]),
                 module("act", &["silu_bf16"]),
             ],
+            provenance: None,
         }
     }
 
