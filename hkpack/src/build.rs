@@ -315,10 +315,10 @@ fn amd_facts(job: &Job<'_>, package: &Package, bytes: &[u8]) -> Result<Vec<Kerne
     }
     // EI_ABIVERSION is the code-object version minus 2 (v4 = 2, v5 = 3, v6 = 4).
     let version = u32::from(object.header.abi_version) + 2;
-    if version != package.code_object_version {
+    let wanted = package.code_object_version_for(&job.target);
+    if version != wanted {
         return Err(format!(
-            "the code object is version {version}, the package asks for {}",
-            package.code_object_version
+            "the code object is version {version}, the package asks for {wanted}"
         ));
     }
     Ok(object.kernels)

@@ -120,7 +120,10 @@ impl Job<'_> {
             .into_iter()
             .chain([
                 format!("--offload-arch={}", self.target),
-                format!("-mcode-object-version={}", package.code_object_version),
+                format!(
+                    "-mcode-object-version={}",
+                    package.code_object_version_for(&self.target)
+                ),
             ])
             .collect(),
             TargetId::Nvidia(_) => [

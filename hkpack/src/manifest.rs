@@ -30,7 +30,10 @@ pub struct Package {
     pub name: String,
     pub version: semver::Version,
     pub targets: Vec<TargetId>,
+    /// The AMD code-object version of targets not in `code_object_versions`.
     pub code_object_version: u32,
+    /// Targets with a code-object version of their own (generic targets need 6).
+    pub code_object_versions: BTreeMap<TargetId, u32>,
     pub include_dirs: Vec<PathBuf>,
     pub modules: Vec<Module>,
 }
@@ -96,6 +99,9 @@ struct RawPackage {
     version: Spanned<String>,
     targets: Spanned<Vec<Spanned<String>>>,
     amd_code_object_version: Spanned<u32>,
+    /// Targets built with another code-object version than the package's.
+    #[serde(default)]
+    amd_code_object_versions: BTreeMap<Spanned<String>, Spanned<u32>>,
     #[serde(default)]
     include_dirs: Vec<Spanned<String>>,
 }
@@ -251,14 +257,48 @@ impl Package {
         if targets.is_empty() {
             return Err(file.error(raw.targets.span(), "`targets` lists no target"));
         }
-        let code_object_version = *raw.amd_code_object_version.get_ref();
-        if !CODE_OBJECT_VERSIONS.contains(&code_object_version) {
-            return Err(file.error(
-                raw.amd_code_object_version.span(),
-                format!(
-                    "AMD code object version {code_object_version} is not one of 4, 5, 6 (5 loads on ROCm 6.0+, 6 needs ROCm 6.3+)"
-                ),
-            ));
+        let check_version = |written: &Spanned<u32>| {
+            let version = *written.get_ref();
+            if CODE_OBJECT_VERSIONS.contains(&version) {
+                Ok(version)
+            } else {
+                Err(file.error(
+                    written.span(),
+                    format!(
+                        "AMD code object version {version} is not one of 4, 5, 6 (5 loads on ROCm 6.0+, 6 needs ROCm 6.3+)"
+                    ),
+                ))
+            }
+        };
+        let code_object_version = check_version(&raw.amd_code_object_version)?;
+        let mut code_object_versions = BTreeMap::new();
+        for (target, version) in &raw.amd_code_object_versions {
+            let id = file.target(target)?;
+            if !targets.contains(&id) {
+                return Err(file.error(
+                    target.span(),
+                    format!(
+                        "{id} has a code-object version but is not among the package's targets"
+                    ),
+                ));
+            }
+            code_object_versions.insert(id, check_version(version)?);
+        }
+        // clang refuses generic targets below code object 6: say so here, with the fix.
+        for target in &targets {
+            let generic = matches!(target, TargetId::Amd(amd) if amd.processor().is_generic());
+            let version = code_object_versions
+                .get(target)
+                .copied()
+                .unwrap_or(code_object_version);
+            if generic && version < 6 {
+                return Err(file.error(
+                    raw.targets.span(),
+                    format!(
+                        "{target} is a generic target, which needs code object version 6 (ROCm 6.3+); add `amd_code_object_versions = {{ \"{target}\" = 6 }}`"
+                    ),
+                ));
+            }
         }
         let include_dirs = raw
             .include_dirs
@@ -278,9 +318,18 @@ impl Package {
             version,
             targets,
             code_object_version,
+            code_object_versions,
             include_dirs,
             modules,
         })
+    }
+
+    /// The AMD code-object version `target` is built with.
+    pub fn code_object_version_for(&self, target: &TargetId) -> u32 {
+        self.code_object_versions
+            .get(target)
+            .copied()
+            .unwrap_or(self.code_object_version)
     }
 
     /// `<name>-<version>`, the bundle folder's name.

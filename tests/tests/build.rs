@@ -699,3 +699,77 @@ fn the_manifest_records_where_the_bundle_comes_from() {
         (Some(head.as_str()), true)
     );
 }
+
+/// A generic target builds with the code-object version the package gives it (6: clang refuses
+/// less), and serves the processors it covers when the bundle has no native entry for them,
+/// as the ROCm runtime's rules say: gfx942 and gfx950 take gfx9-4-generic, gfx90a never does.
+#[test]
+fn a_generic_code_object_serves_the_processors_without_a_native_one() {
+    let package = TempPackage::new(
+        &["gfx90a", "gfx9-4-generic"],
+        &[("scale", SCALE_SOURCE, SCALE_MANIFEST)],
+    );
+    let refused = build_err(&package);
+    assert_contains(
+        &refused,
+        &[
+            "gfx9-4-generic is a generic target, which needs code object version 6",
+            "amd_code_object_versions",
+        ],
+    );
+
+    let toml = package.manifests().join("package.toml");
+    let text = std::fs::read_to_string(&toml).unwrap();
+    std::fs::write(
+        &toml,
+        format!("{text}amd_code_object_versions = {{ \"gfx9-4-generic\" = 6 }}\n"),
+    )
+    .unwrap();
+    let bundle = build_ok(&package.options()).bundle;
+    let opened = hkload::Bundle::open(&bundle).unwrap();
+    for (device, chosen) in [
+        (
+            "gfx942:sramecc+:xnack-",
+            "hipv4-amdgcn-amd-amdhsa--gfx9-4-generic",
+        ),
+        (
+            "gfx950:sramecc-:xnack+",
+            "hipv4-amdgcn-amd-amdhsa--gfx9-4-generic",
+        ),
+        ("gfx90a:sramecc+:xnack-", "hipv4-amdgcn-amd-amdhsa--gfx90a"),
+    ] {
+        let explanation = opened.explain(&device.parse().unwrap());
+        let got = explanation.modules[0]
+            .selection
+            .chosen()
+            .map(|(id, _)| id.to_string());
+        assert_eq!(got.as_deref(), Some(chosen), "{device}:\n{explanation}");
+    }
+    let explanation = opened.explain(&"gfx1100".parse().unwrap());
+    assert!(!explanation.is_servable(), "{explanation}");
+
+    // The generic code object is a standard one, of version 6, that LLVM's tools read.
+    let out = package.path("generic.co");
+    hkpack::verify::extract(
+        &bundle,
+        "scale",
+        &hkpack::verify::Pick::Target("gfx9-4-generic".parse().unwrap()),
+        &out,
+    )
+    .unwrap();
+    let notes = std::process::Command::new(llvm_tool("llvm-readelf"))
+        .args(["--notes", "--file-header"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&notes.stdout);
+    assert!(notes.status.success(), "{text}");
+    assert!(
+        text.contains("gfx9-4-generic, xnack, sramecc, generic_v1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ABI Version:                       4"),
+        "v6 is ABI version 4:\n{text}"
+    );
+}
