@@ -414,3 +414,98 @@ fn values_outside_the_contracts_range_are_refused() {
             .any(|r| matches!(r, Recorded::Launch { .. }))
     );
 }
+
+/// The GEMMs' requirements, each at the last value it accepts and the first it refuses (where
+/// the accepted value needs buffers too large to allocate, the call gets past the requirement
+/// to the extents, which is what accepting it means).
+#[test]
+fn every_gemm_requirement_is_enforced_on_both_sides_of_its_boundary() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    let (_, device) = simulated("sm_90");
+    let base = [
+        ("m", 3),
+        ("n", 5),
+        ("k", 4),
+        ("lda", 4),
+        ("ldb", 5),
+        ("ldc", 5),
+    ];
+    let with = |changes: &[(&'static str, u64)]| {
+        let mut values: Vec<(&str, u64)> = base.to_vec();
+        for &(name, value) in changes {
+            match values.iter_mut().find(|(n, _)| *n == name) {
+                Some(slot) => slot.1 = value,
+                None => values.push((name, value)),
+            }
+        }
+        values
+    };
+    let held = |symbol: &str, changes: &[(&'static str, u64)]| match call(
+        &bundle,
+        &device,
+        symbol,
+        &with(changes),
+        1 << 12,
+    ) {
+        Ok(()) | Err(Error::Launch(LaunchError::Extent { .. })) => {}
+        Err(other) => panic!("{symbol} {changes:?}: {other}"),
+    };
+    let refused = |symbol: &str, changes: &[(&'static str, u64)], needle: &str| {
+        let text = unmet(call(&bundle, &device, symbol, &with(changes), 1 << 12));
+        assert!(text.contains(needle), "{symbol} {changes:?}: {text}");
+    };
+    for symbol in [
+        "gemm_a16w16_nt_bf16",
+        "gemm_a16w16_nn_f16_bias_out_f32",
+        "gemm_a16w16_gated_silu_bf16",
+    ] {
+        let ldb_floor = if symbol.contains("_nn_") { 5 } else { 4 };
+        held(symbol, &[("m", 1), ("n", 1), ("k", 1), ("ldb", 5)]);
+        for name in ["m", "n", "k"] {
+            refused(symbol, &[(name, 0)], "m, n and k must be at least 1");
+        }
+        held(symbol, &[("lda", 4)]);
+        refused(
+            symbol,
+            &[("lda", 3)],
+            "`lda >= k` is false with lda = 3, k = 4",
+        );
+        held(symbol, &[("ldb", ldb_floor)]);
+        refused(symbol, &[("ldb", ldb_floor - 1)], "ldb must be at least");
+        held(symbol, &[("ldc", 5)]);
+        refused(symbol, &[("ldc", 4)], "`ldc >= n`");
+        held(symbol, &[("m", 8_388_480)]);
+        refused(symbol, &[("m", 8_388_481)], "m must be at most 8388480");
+    }
+    let split = "gemm_a16w16_splitk_nt_bf16";
+    held(split, &[("m", 1_048_560)]);
+    refused(split, &[("m", 1_048_561)], "m must be at most 1048560");
+    let batched = "batched_gemm_a16w16_nt_bf16";
+    let strides = [
+        ("batch", 2),
+        ("stride_a", 12),
+        ("stride_b", 20),
+        ("stride_c", 15),
+    ];
+    held(batched, &strides);
+    for (batch, ok) in [(1, true), (0, false), (65_535, true), (65_536, false)] {
+        let changes = [
+            strides,
+            [("batch", batch), strides[1], strides[2], strides[3]],
+        ]
+        .concat();
+        if ok {
+            held(batched, &changes[4..]);
+        } else {
+            refused(batched, &changes[4..], "batch must be 1 to 65535");
+        }
+    }
+    // The outputs of two products must not overlap: (m - 1) * ldc + n = 15 elements apart.
+    refused(
+        batched,
+        &[strides[0], strides[1], strides[2], ("stride_c", 14)],
+        "must not overlap",
+    );
+    held(batched, &[("batch", 1), ("stride_c", 0)]);
+}
