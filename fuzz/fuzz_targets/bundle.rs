@@ -37,8 +37,10 @@ fuzz_target!(|bytes: &[u8]| {
     let Ok(bundle) = Bundle::open_with(dir, options) else {
         return;
     };
+    // A name the file system refuses (too long, say) leaves the module missing, which
+    // hkload must report as well.
     if let Some(first) = bundle.table().modules().next() {
-        std::fs::write(dir.join(first.file()), module).expect("the fuzzer can write the module");
+        let _ = std::fs::write(dir.join(first.file()), module);
     }
     let _ = bundle.manifest();
     let _ = bundle.kernel_records();

@@ -435,7 +435,8 @@ pub(crate) fn duplicate_entry(module: &str, id: &EntryId) -> ManifestError {
 /// Checks that `file`, named by module `module`, is a plain file name in the bundle folder:
 /// nothing a bundle names may lie outside it.
 pub(crate) fn check_file_name(module: &str, file: &str) -> Result<(), ManifestError> {
-    let plain = !file.is_empty() && !file.starts_with('.') && !file.contains(['/', '\\']);
+    // NUL ends a path in the operating system's calls: no file has one in its name.
+    let plain = !file.is_empty() && !file.starts_with('.') && !file.contains(['/', '\\', '\0']);
     if plain {
         return Ok(());
     }

@@ -691,6 +691,18 @@ mod tests {
     }
 
     #[test]
+    fn refuses_a_module_file_whose_name_holds_a_nul() {
+        // Found by the `bundle` fuzz target: such a name can never be opened.
+        let mut manifest = manifest();
+        manifest.modules[1].file = "act.h\0fb".into();
+        let error = Table::build(&manifest, &[], 0..0).err().unwrap();
+        assert!(
+            error.to_string().contains("not a plain file name"),
+            "{error}"
+        );
+    }
+
+    #[test]
     fn refuses_a_module_with_an_entry_twice() {
         let mut manifest = manifest();
         let twice = manifest.modules[0].entries[0];
