@@ -1,7 +1,7 @@
 """Type stubs of the extension module; the package re-exports everything here."""
 
 from os import PathLike
-from typing import Any, Union
+from typing import Any, Optional, Sequence, Union
 
 __version__: str
 
@@ -96,7 +96,14 @@ class Kernels:
 class Bundle:
     """``Bundle(path)``: a bundle folder written by ``hkpack build``, opened and checked."""
 
-    def __init__(self, path: Union[str, PathLike[str]]) -> None: ...
+    def __init__(
+        self,
+        path: Union[str, PathLike[str]],
+        trusted_keys: Sequence[str] = (),
+        expect_digest: Optional[str] = None,
+    ) -> None:
+        """With ``trusted_keys`` the bundle must be signed by one of them (``hkpack sign``);
+        with ``expect_digest`` its index must have that SHA-256 (hex)."""
     @property
     def name(self) -> str: ...
     @property

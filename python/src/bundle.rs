@@ -1,9 +1,9 @@
 //! `hkload.Bundle`: an opened bundle, its kernels' signatures, and the explanation of what
 //! would run on a device.
 
-use hkload::Bundle;
 use hkload::abi::{Param, ParamType};
 use hkload::manifest::KernelRecord;
+use hkload::{Bundle, OpenOptions};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -12,8 +12,11 @@ use crate::device;
 use crate::errors::to_py;
 use crate::kernels::PyKernels;
 
-/// ``Bundle(path)``: the bundle folder ``hkpack build`` wrote (``dist/hk-kernels-0.1.0``),
-/// opened and checked. Reads only its index; touches no GPU.
+/// ``Bundle(path, trusted_keys=(), expect_digest=None)``: the bundle folder ``hkpack build``
+/// wrote (``dist/hk-kernels-0.1.0``), opened and checked. Reads only its index; touches no GPU.
+/// With ``trusted_keys`` (``"ed25519:…"`` texts, as ``hkpack keygen`` writes them) the bundle
+/// must carry a signature by one of them; with ``expect_digest`` (hex) its index must have
+/// that SHA-256.
 ///
 /// >>> bundle = hkload.Bundle("dist/hk-kernels-0.1.0")
 /// >>> print(bundle.kernels["rmsnorm_bf16"])
@@ -26,9 +29,29 @@ pub(crate) struct PyBundle {
 #[pymethods]
 impl PyBundle {
     #[new]
-    fn new(path: std::path::PathBuf) -> PyResult<Self> {
+    #[pyo3(signature = (path, trusted_keys = Vec::new(), expect_digest = None))]
+    fn new(
+        path: std::path::PathBuf,
+        trusted_keys: Vec<String>,
+        expect_digest: Option<String>,
+    ) -> PyResult<Self> {
+        let trusted_keys = trusted_keys
+            .iter()
+            .map(|key| {
+                key.parse()
+                    .map_err(|e| PyValueError::new_err(format!("{e}")))
+            })
+            .collect::<PyResult<_>>()?;
+        let expect_digest = expect_digest
+            .map(|digest| digest.parse().map_err(PyValueError::new_err))
+            .transpose()?;
+        let options = OpenOptions {
+            trusted_keys,
+            expect_digest,
+            ..OpenOptions::DEFAULT
+        };
         Ok(Self {
-            bundle: Bundle::open(path).map_err(to_py)?,
+            bundle: Bundle::open_with(path, options).map_err(to_py)?,
         })
     }
 

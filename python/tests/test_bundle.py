@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import tomllib
@@ -65,6 +66,29 @@ def test_explanation_is_the_cli_text(bundle, target):
         [hkpack, "explain", BUNDLE, "--target", target], capture_output=True, text=True
     )
     assert cli.stdout == bundle.explain(target)
+
+
+def test_trusted_keys_and_a_pinned_digest(tmp_path):
+    hkpack = ROOT / "target" / "release" / "hkpack"
+    if not hkpack.exists():
+        pytest.skip(f"{hkpack} is not built (scripts/setup builds it)")
+    signed = tmp_path / "bundle"
+    shutil.copytree(BUNDLE, signed)
+    for name in ("release", "other"):
+        subprocess.run([hkpack, "keygen", tmp_path / name], check=True, capture_output=True)
+    subprocess.run([hkpack, "sign", signed, "--key", tmp_path / "release.key"], check=True, capture_output=True)
+    key, other = ((tmp_path / f"{name}.pub").read_text().strip() for name in ("release", "other"))
+    assert hkload.Bundle(signed, trusted_keys=[other, key]).kernels
+    with pytest.raises(hkload.BundleError, match="not among the trusted keys"):
+        hkload.Bundle(signed, trusted_keys=[other])
+    with pytest.raises(hkload.BundleError, match="the bundle is not signed"):
+        hkload.Bundle(BUNDLE, trusted_keys=[key])
+    with pytest.raises(ValueError, match="is not a key"):
+        hkload.Bundle(signed, trusted_keys=["ed25519:12"])
+    digest = hashlib.sha256((signed / "bundle.msgpack").read_bytes()).hexdigest()
+    assert hkload.Bundle(signed, expect_digest=digest).kernels
+    with pytest.raises(hkload.BundleError, match="but the bundle is pinned to"):
+        hkload.Bundle(signed, expect_digest="0" * 64)
 
 
 def test_a_bad_target_id_is_a_value_error(bundle):
