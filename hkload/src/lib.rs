@@ -85,6 +85,26 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! The matrix kernels are called the same way. A GEMM `C = A·Bᵀ` of bf16 `[m, k]` and
+//! `[n, k]` matrices (a torch `Linear` weight) into `[m, n]` takes the leading dimensions of
+//! each, so views of larger tensors work; its contract picks the grid from `m` and `n` and
+//! checks that `c` holds `(m - 1) * ldc + n` elements:
+//!
+//! ```no_run
+//! # use hkload::{abi::ScalarType, driver::StreamHandle, Arg};
+//! # let bundle = hkload::Bundle::open("dist/hk-kernels-0.1.0")?;
+//! # let device = hkload::auto::first_device()?;
+//! # let kernels = bundle.load(&device)?;
+//! let (m, n, k) = (16u32, 4096u32, 4096u32);
+//! let a = device.alloc(ScalarType::Bf16, (m * k) as usize)?;
+//! let w = device.alloc(ScalarType::Bf16, (n * k) as usize)?;
+//! let mut c = device.alloc(ScalarType::Bf16, (m * n) as usize)?;
+//! let gemm = kernels.kernel("gemm_a16w16_nt_bf16")?;
+//! gemm.call(StreamHandle::DEFAULT, &[(&mut c).into(), (&a).into(), (&w).into(),
+//!     m.into(), n.into(), k.into(), k.into(), k.into(), n.into()])?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! [`Kernel::launch`] takes explicit dimensions instead, for experts (and for bundles older
 //! than launch contracts); it is `unsafe`, as a kernel is correct only for the shapes it is
 //! written for.
