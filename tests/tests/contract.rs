@@ -509,3 +509,42 @@ fn every_gemm_requirement_is_enforced_on_both_sides_of_its_boundary() {
     );
     held(batched, &[("batch", 1), ("stride_c", 0)]);
 }
+
+/// Shared memory is checked against what the device allows a block with opting in (227 KiB
+/// on sm_90, 99 KiB on sm_86), not CUDA's 48 KiB default, which the driver lifts per kernel.
+#[test]
+fn shared_memory_is_checked_against_the_devices_opt_in_maximum() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    for (target, kib, allowed) in [
+        ("sm_90", 200, true),
+        ("sm_90", 228, false),
+        ("sm_86", 96, true),
+        ("sm_86", 100, false),
+    ] {
+        let (driver, device) = simulated(target);
+        let loaded = bundle.load(&device).unwrap();
+        let kernel = loaded.kernel("softmax_f32").unwrap();
+        let call = Call::new(
+            &bundle,
+            &device,
+            "softmax_f32",
+            &[("rows", 2), ("cols", 8)],
+            16,
+        );
+        let args = call.args();
+        let mut dims = kernel.launch_shape(&args).unwrap();
+        dims.shared_bytes = kib * 1024;
+        // SAFETY: the recording driver runs nothing.
+        let result = unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, &args) };
+        assert_eq!(result.is_ok(), allowed, "{target} {kib} KiB: {result:?}");
+        assert_eq!(
+            driver
+                .log()
+                .iter()
+                .filter(|r| matches!(r, Recorded::Launch { .. }))
+                .count(),
+            usize::from(allowed)
+        );
+    }
+}

@@ -21,6 +21,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -120,10 +121,16 @@ unsafe impl Send for Context {}
 // SAFETY: as above; the handle is never dereferenced here.
 unsafe impl Sync for Context {}
 
-#[derive(Debug, Clone, Copy)]
+/// Dynamic shared memory a launch may ask for without the kernel opting in.
+const DEFAULT_DYNAMIC_SHARED: u32 = 48 * 1024;
+
+#[derive(Debug)]
 struct FunctionEntry {
     context: Context,
     module: u64,
+    /// The dynamic shared memory the kernel may use, as last set (0: the default 48 KiB
+    /// less its static shared memory).
+    dynamic_shared: AtomicU32,
 }
 
 impl std::fmt::Debug for CudaDriver {
@@ -405,6 +412,7 @@ impl Driver for CudaDriver {
                 FunctionEntry {
                     context,
                     module: module.0,
+                    dynamic_shared: AtomicU32::new(0),
                 },
             );
         Ok(FunctionHandle(function as u64))
@@ -425,6 +433,30 @@ impl Driver for CudaDriver {
             .get(&function.0)
             .ok_or_else(|| unknown_function("cuLaunchKernel", function))?;
         make_current(entry.context)?;
+        // Past 48 KiB of dynamic shared memory a kernel must opt in; hkload checked the amount
+        // against the device's opt-in maximum already. Set once per kernel and size.
+        if dims.shared_bytes > DEFAULT_DYNAMIC_SHARED
+            && dims.shared_bytes > entry.dynamic_shared.load(Ordering::Relaxed)
+        {
+            use sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC;
+            // SAFETY: the function belongs to a live module (the table's lock is held).
+            check("cuFuncSetAttribute", unsafe {
+                sys::cuFuncSetAttribute(
+                    function.0 as sys::CUfunction,
+                    MAX_DYNAMIC,
+                    dims.shared_bytes as c_int,
+                )
+            })
+            .map_err(doing(|| {
+                format!(
+                    "letting the kernel use {} bytes of dynamic shared memory",
+                    dims.shared_bytes
+                )
+            }))?;
+            entry
+                .dynamic_shared
+                .fetch_max(dims.shared_bytes, Ordering::Relaxed);
+        }
         let [gx, gy, gz] = dims.grid;
         let [bx, by, bz] = dims.block;
         let result = with_packed_args(args, &EXTRA_MARKERS, |extra| {
@@ -592,6 +624,7 @@ fn device_at(ordinal: c_int) -> Result<CudaDevice, DriverError> {
     use sys::CUdevice_attribute::{
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR,
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as MINOR,
+        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as SHARED_OPTIN,
         CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SMS,
     };
     let (major, minor) = (attribute(MAJOR)?, attribute(MINOR)?);
@@ -600,6 +633,7 @@ fn device_at(ordinal: c_int) -> Result<CudaDevice, DriverError> {
         detail: format!("CUDA device {ordinal} ({name}) {detail}"),
     })?;
     let compute_units = attribute(SMS)?.max(0) as u32;
+    let shared_memory_per_block = attribute(SHARED_OPTIN)?.max(0) as u32;
     Ok(CudaDevice {
         handle,
         info: DeviceInfo {
@@ -607,6 +641,7 @@ fn device_at(ordinal: c_int) -> Result<CudaDevice, DriverError> {
             name,
             target,
             compute_units,
+            shared_memory_per_block,
         },
         context: OnceLock::new(),
     })

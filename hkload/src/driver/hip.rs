@@ -633,6 +633,7 @@ impl Api {
         Ok(DeviceInfo {
             ordinal: ordinal as usize,
             name,
+            shared_memory_per_block: crate::launch::shared_memory_limit(&target),
             target,
             compute_units,
         })

@@ -37,6 +37,10 @@ pub struct DeviceInfo {
     /// Compute units (AMD) or streaming multiprocessors (NVIDIA): launch contracts may size
     /// grids by it.
     pub compute_units: u32,
+    /// The most shared memory (LDS) one block may use, static and dynamic together. On
+    /// NVIDIA this is the opt-in maximum (227 KiB on sm_90), which the CUDA driver unlocks per
+    /// kernel when a launch asks for more than the default 48 KiB.
+    pub shared_memory_per_block: u32,
 }
 
 /// The form of a code image handed to [`Driver::load_module`].

@@ -132,6 +132,7 @@ impl Driver for RecordingDriver {
                 name: format!("simulated {target}"),
                 target: *target,
                 compute_units: SIMULATED_COMPUTE_UNITS,
+                shared_memory_per_block: crate::launch::shared_memory_limit(target),
             })
             .collect())
     }

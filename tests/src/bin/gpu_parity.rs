@@ -17,13 +17,13 @@ use std::sync::Arc;
 
 use hk_tests::case::Case;
 use hk_tests::kernels::all_cases;
-use hkload::driver::CudaDriver;
+use hkload::driver::{CudaDriver, StreamHandle};
 use hkload::select::Outcome;
 use hkload::{Bundle, Device, LoadedBundle};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use hk_tests::device_case::run_case;
+use hk_tests::device_case::{CaseBuffers, run_case};
 
 const USAGE: &str = "usage: gpu_parity <bundle folder> [--seed N]";
 
@@ -145,8 +145,45 @@ fn run() -> Result<bool, String> {
             without_case.join(", ")
         );
     }
+    match shared_memory_past_the_default(&device, &loaded, &cases) {
+        Ok(()) => {
+            passed += 1;
+            println!("PASS {OPT_IN} (a softmax case, still right)");
+        }
+        Err(error) => {
+            failed += 1;
+            println!("FAIL {OPT_IN}: {error}");
+        }
+    }
     println!("{passed} passed, {failed} failed");
     Ok(failed == 0)
+}
+
+const OPT_IN: &str = "96 KiB of dynamic shared memory, past CUDA's 48 KiB default";
+
+/// A launch with more dynamic shared memory than a CUDA kernel gets without opting in, which
+/// the driver must unlock for the kernel: a softmax case with its contract's shape and 96 KiB
+/// it does not use, judged as usual.
+fn shared_memory_past_the_default(
+    device: &Device,
+    loaded: &LoadedBundle,
+    cases: &[Case],
+) -> Result<(), String> {
+    let case = cases
+        .iter()
+        .find(|case| case.kernel == "softmax_f32")
+        .ok_or("no softmax_f32 case")?;
+    let kernel = loaded.kernel(&case.kernel).map_err(|e| e.to_string())?;
+    let buffers = CaseBuffers::upload(device, case).map_err(|e| e.to_string())?;
+    let args = buffers.args();
+    let mut dims = kernel.launch_shape(&args).map_err(|e| e.to_string())?;
+    dims.shared_bytes = 96 * 1024;
+    // SAFETY: the contract's own shape; the kernel never touches dynamic shared memory.
+    unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, &args) }.map_err(|e| e.to_string())?;
+    device.synchronize().map_err(|e| e.to_string())?;
+    let outputs = buffers.outputs().map_err(|e| e.to_string())?;
+    case.check(&outputs)
+        .map_err(|mismatch| mismatch.to_string())
 }
 
 /// The outcome of every case of one kernel.
