@@ -64,6 +64,10 @@ def load_emulator():
         import numpy  # noqa: F401
     except ImportError:
         skip("the emulator needs numpy")
+    try:
+        import hkload  # noqa: F401
+    except ImportError:
+        skip("the launch shapes come from the kernels' contracts through hkload's Python package (scripts/setup installs it in .venv)")
     if not (shutil.which("clang") and shutil.which("ld.lld")):
         links = tempfile.mkdtemp()
         for name, versioned in (("clang", "clang-22"), ("ld.lld", "ld.lld-22")):
@@ -73,7 +77,10 @@ def load_emulator():
             os.symlink(found, os.path.join(links, name))
         os.environ["PATH"] = links + os.pathsep + os.environ["PATH"]
     sys.path.insert(0, tree)
-    from test.mockgpu.amd.emu import run_asm  # noqa: E402
+    try:
+        from test.mockgpu.amd.emu import run_asm  # noqa: E402
+    except ImportError as missing:
+        skip(f"the emulator needs the Python module `{missing.name}` (pip install it)")
     return run_asm
 
 
@@ -224,7 +231,20 @@ def launch(run_asm, co, meta, name, grid, block, explicit):
 # ---- Cases --------------------------------------------------------------------------------------
 
 
-def check(np, run_asm, co, meta, case, rng):
+def launch_shape(kernels, name, pointers, scalars, z):
+    """The grid and block of kernel `name`'s contract for these arguments (hkload on a simulated
+    device of the target), z blocks along z for split K, whose contract lets any z be."""
+    import hkload
+
+    args = [hkload.Pointer(address, elem, length) for address, elem, length in pointers] + scalars
+    shape = getattr(kernels, name).launch_shape(*args)
+    grid = list(shape["grid"])
+    if name.startswith("gemm_a16w16_splitk"):
+        grid[2] = z
+    return tuple(grid), tuple(shape["block"])
+
+
+def check(np, run_asm, co, meta, kernels, case, rng):
     """One case: (kind, layout, ty, m, n, k, pads, z). Returns (ok, worst / bound, label)."""
     kind, layout, ty, m, n, k, (pa, pb, pc), z = case
     lda, ldc = k + pa, n + pc
@@ -267,18 +287,19 @@ def check(np, run_asm, co, meta, case, rng):
         want = [silu * up]
         e = k * 2.0 ** -22 * np.maximum(spread[0], np.sqrt((a_vals.reshape(m, lda)[:, :k] ** 2) @ (ub.T ** 2)))
         spread = [e * (1.2 * np.abs(up) + np.abs(silu)) / (k * 2.0 ** -22)]
-    if kind == "gemm":
-        name, grid = f"gemm_a16w16_{layout}_{ty}", (math.ceil(n / 128), math.ceil(m / 128), 1)
-    elif gated:
-        name, grid = f"gemm_a16w16_gated_silu_{ty}", (math.ceil(n / 64), math.ceil(m / 128), 1)
-    elif kind == "batched":
-        name, grid = f"batched_gemm_a16w16_{layout}_{ty}", (math.ceil(n / 128), math.ceil(m / 128), batch)
-    else:
-        name, grid = f"gemm_a16w16_splitk_nt_{ty}", (math.ceil(n / 64), math.ceil(m / 16), z)
-    explicit = [c.address, a.address, b.address] + ([w_up.address] if gated else []) + [m, n, k, lda, ldb, ldc]
-    if kind == "batched":
-        explicit += [batch, stride_a, stride_b, stride_c]
-    launch(run_asm, co, meta, name, grid, (256, 1, 1), explicit)
+    name = {
+        "gemm": f"gemm_a16w16_{layout}_{ty}",
+        "gated": f"gemm_a16w16_gated_silu_{ty}",
+        "batched": f"batched_gemm_a16w16_{layout}_{ty}",
+        "splitk": f"gemm_a16w16_splitk_nt_{ty}",
+    }[kind]
+    pointers = [(c.address, "f32" if out_f32 else ty, c.n), (a.address, ty, a.n), (b.address, ty, b.n)]
+    if gated:
+        pointers.append((w_up.address, ty, w_up.n))
+    scalars = [m, n, k, lda, ldb, ldc] + ([batch, stride_a, stride_b, stride_c] if kind == "batched" else [])
+    grid, block = launch_shape(kernels, name, pointers, scalars, z)
+    explicit = [address for address, _, _ in pointers] + scalars
+    launch(run_asm, co, meta, name, grid, block, explicit)
     unit = 2.0 ** -20 if split else {"bf16": 2.0 ** -8, "f16": 2.0 ** -11}[ty]
     worst, ok = 0.0, True
     for i in range(batch):
@@ -320,6 +341,9 @@ def main():
     targets = ["gfx942", "gfx950"]
     if "--target" in args:
         targets = args[args.index("--target") + 1].split(",")
+    import hkload
+    import hkload.testing
+
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -328,8 +352,10 @@ def main():
             data = unbundle(bundle, target, path)
             meta = kernel_metadata(path)
             co = CodeObject(data)
+            device = hkload.testing.simulated_device(f"{target}:sramecc+:xnack-")
+            kernels = hkload.Bundle(bundle).load(device)
             for case in CASES:
-                ok, worst, label = check(np, run_asm, co, meta, case, rng)
+                ok, worst, label = check(np, run_asm, co, meta, kernels, case, rng)
                 failed += not ok
                 print(f"{'PASS' if ok else 'FAIL'} {target} {label}  worst {worst:.3f} of the bound", flush=True)
             # The broken kernel: the first bf16 MFMA of gemm_a16w16_nt_bf16 made an f16 one.
@@ -349,7 +375,7 @@ def main():
             broken.segment_offset = lambda vaddr, d=broken: file_offset(d.data, vaddr)
             patch(broken)
             broken_co = CodeObject(bytes(broken.data))
-            ok, worst, label = check(np, run_asm, broken_co, meta, CASES[2][:2] + ("bf16",) + CASES[2][3:], rng)
+            ok, worst, label = check(np, run_asm, broken_co, meta, kernels, CASES[2][:2] + ("bf16",) + CASES[2][3:], rng)
             failed += ok
             print(f"{'caught' if not ok else 'NOT CAUGHT'} {target} broken kernel (one MFMA bf16 -> f16): {label}  worst {worst:.3g}", flush=True)
     print(f"gemm_emu: {'FAILED' if failed else 'all passed'} ({failed} failed)")

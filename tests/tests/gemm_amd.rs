@@ -158,7 +158,15 @@ fn gemm_computes_on_the_cdna_emulator() {
     };
     let scratch = tempfile::tempdir().unwrap();
     let bundle = build_gemm(scratch.path());
-    let output = Command::new("python3")
+    // The Python of .venv, where scripts/setup installs hkload, whose contracts give the
+    // launch shapes; any python3 otherwise (the script says what it lacks).
+    let venv = repo().join(".venv/bin/python");
+    let python = if venv.is_file() {
+        venv
+    } else {
+        "python3".into()
+    };
+    let output = Command::new(python)
         .arg(repo().join("tests/emu/gemm_emu.py"))
         .arg(&bundle)
         .env("HK_TINYGRAD", tree)
