@@ -53,6 +53,23 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
+    /// Every operator.
+    pub const ALL: [BinaryOp; 13] = [
+        Self::Add,
+        Self::Sub,
+        Self::Mul,
+        Self::Div,
+        Self::Rem,
+        Self::Eq,
+        Self::Ne,
+        Self::Lt,
+        Self::Le,
+        Self::Gt,
+        Self::Ge,
+        Self::And,
+        Self::Or,
+    ];
+
     pub const fn symbol(self) -> &'static str {
         match self {
             Self::Add => "+",

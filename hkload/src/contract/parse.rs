@@ -137,7 +137,7 @@ impl<'a> Parser<'a> {
         let (Token::Punct(p), _) = self.peek()? else {
             return None;
         };
-        let op = BINARY.iter().find(|op| op.symbol() == *p)?;
+        let op = BinaryOp::ALL.iter().find(|op| op.symbol() == *p)?;
         (op.precedence() == level).then(|| {
             self.next += 1;
             *op
@@ -254,22 +254,6 @@ impl<'a> Parser<'a> {
         }
     }
 }
-
-const BINARY: [BinaryOp; 13] = [
-    BinaryOp::Add,
-    BinaryOp::Sub,
-    BinaryOp::Mul,
-    BinaryOp::Div,
-    BinaryOp::Rem,
-    BinaryOp::Eq,
-    BinaryOp::Ne,
-    BinaryOp::Lt,
-    BinaryOp::Le,
-    BinaryOp::Gt,
-    BinaryOp::Ge,
-    BinaryOp::And,
-    BinaryOp::Or,
-];
 
 #[cfg(test)]
 mod tests {

@@ -850,25 +850,15 @@ mod tests {
             proptest::sample::select(&NAMES[..]).prop_map(|n| Expr::Name(n.to_owned())),
         ];
         leaf.prop_recursive(5, 48, 3, |inner| {
-            let arithmetic = proptest::sample::select(
-                &[
-                    BinaryOp::Add,
-                    BinaryOp::Sub,
-                    BinaryOp::Mul,
-                    BinaryOp::Div,
-                    BinaryOp::Rem,
-                ][..],
-            );
-            let comparison = proptest::sample::select(
-                &[
-                    BinaryOp::Eq,
-                    BinaryOp::Ne,
-                    BinaryOp::Lt,
-                    BinaryOp::Le,
-                    BinaryOp::Gt,
-                    BinaryOp::Ge,
-                ][..],
-            );
+            let ops = |comparisons: bool| {
+                let ops: Vec<BinaryOp> = BinaryOp::ALL
+                    .into_iter()
+                    .filter(|op| op.is_comparison() == comparisons)
+                    .filter(|op| !matches!(op, BinaryOp::And | BinaryOp::Or))
+                    .collect();
+                proptest::sample::select(ops)
+            };
+            let (arithmetic, comparison) = (ops(false), ops(true));
             let condition = (comparison, inner.clone(), inner.clone())
                 .prop_map(|(op, a, b)| Expr::Binary(op, Box::new(a), Box::new(b)));
             let condition = prop_oneof![
