@@ -218,7 +218,7 @@ pub fn damaged_module_files(bundle: &Bundle, dir: &Path) -> Result<Vec<String>, 
         .modules
         .iter()
         .filter_map(|module| {
-            crate::verify::module_file(dir, module)
+            crate::verify::module_bytes(dir, module)
                 .err()
                 .map(|problem| {
                     format!("module file {} {problem}", dir.join(&module.file).display())

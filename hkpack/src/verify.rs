@@ -39,9 +39,17 @@ pub fn verify(dir: &Path, keys: &[PublicKey]) -> Vec<FileVerdict> {
         intact: result.is_ok(),
         detail: result.unwrap_or_else(|e| e),
     };
-    let opened = std::fs::read(dir.join(INDEX_FILE))
-        .map_err(|e| format!("cannot be read: {e}"))
-        .and_then(|bytes| Index::open(bytes, true).map_err(|e| e.to_string()))
+    let bytes = match std::fs::read(dir.join(INDEX_FILE)) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            verdicts.push(verdict(INDEX_FILE, Err(format!("cannot be read: {e}"))));
+            return verdicts;
+        }
+    };
+    // The signature is of the index's bytes, which opening the index then takes.
+    let signed = signature(dir, &bytes, keys);
+    let opened = Index::open(bytes, true)
+        .map_err(|e| e.to_string())
         .and_then(|index| {
             let manifest = index.manifest().map_err(|e| e.to_string())?.clone();
             Ok((index, manifest))
@@ -53,7 +61,6 @@ pub fn verify(dir: &Path, keys: &[PublicKey]) -> Vec<FileVerdict> {
             return verdicts;
         }
     };
-    let signed = signature(dir, keys);
     verdicts.push(verdict(
         INDEX_FILE,
         Ok(format!(
@@ -79,7 +86,7 @@ pub fn verify(dir: &Path, keys: &[PublicKey]) -> Vec<FileVerdict> {
 
 /// The signature's verdict: checked against `keys` if any are given, else only mentioned if
 /// there is one.
-fn signature(dir: &Path, keys: &[PublicKey]) -> Option<Result<String, String>> {
+fn signature(dir: &Path, index: &[u8], keys: &[PublicKey]) -> Option<Result<String, String>> {
     let text = match std::fs::read_to_string(dir.join(SIGNATURE_FILE)) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && keys.is_empty() => return None,
@@ -88,7 +95,6 @@ fn signature(dir: &Path, keys: &[PublicKey]) -> Option<Result<String, String>> {
         }
         Err(e) => return Some(Err(format!("cannot be read: {e}"))),
     };
-    let index = std::fs::read(dir.join(INDEX_FILE)).unwrap_or_default();
     Some(
         SignatureFile::from_toml(&text)
             .and_then(|file| {
@@ -98,7 +104,7 @@ fn signature(dir: &Path, keys: &[PublicKey]) -> Option<Result<String, String>> {
                         file.key
                     ));
                 }
-                file.check(&index, keys)
+                file.check(index, keys)
                     .map(|()| format!("a valid signature of the index by {}", file.key))
             })
             .map_err(|e| e.to_string()),
@@ -117,9 +123,9 @@ fn readable_manifest(dir: &Path, manifest: &BundleManifest) -> Result<String, St
     }
 }
 
-/// The module file's size and SHA-256, and each code image's (what `inspect` and `explain`
-/// check too).
-pub(crate) fn module_file(dir: &Path, module: &ModuleRecord) -> Result<String, String> {
+/// The module file's bytes, after its size and SHA-256 against the index (what `inspect` and
+/// `explain` check of it).
+pub(crate) fn module_bytes(dir: &Path, module: &ModuleRecord) -> Result<Vec<u8>, String> {
     let bytes =
         std::fs::read(dir.join(&module.file)).map_err(|e| format!("cannot be read: {e}"))?;
     if bytes.len() as u64 != module.size {
@@ -136,6 +142,13 @@ pub(crate) fn module_file(dir: &Path, module: &ModuleRecord) -> Result<String, S
             module.sha256
         ));
     }
+    Ok(bytes)
+}
+
+/// The module file as [`module_bytes`] checks it, and each code image in it readable and of
+/// its size and SHA-256.
+fn module_file(dir: &Path, module: &ModuleRecord) -> Result<String, String> {
+    let bytes = module_bytes(dir, module)?;
     for entry in &module.entries {
         let image = offload::extract_entry(&bytes, &entry.id.to_string())
             .map_err(|e| format!("entry {}: {e}", entry.id))?;
