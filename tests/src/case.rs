@@ -166,40 +166,26 @@ fn check_one(
         first.get_or_insert((index, got, want));
     };
     match expect {
-        Expect::Close { want, abs, rel } => {
-            compare_len(name, got.len(), want.len())?;
-            for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-                // Written so that NaN (an unwritten element) fails: NaN is never within.
-                let within = (g - w).abs() <= abs + rel * w.abs();
-                if !within {
-                    fail(i, g, format!("{w} ± {:.3e}", abs + rel * w.abs()));
-                }
-            }
-        }
-        Expect::StridedClose {
-            want,
-            row_len,
-            stride,
-            abs,
-            rel,
-        } => {
-            let rows = want.len() / row_len;
-            compare_len(name, got.len(), rows * stride)?;
+        Expect::Close { .. } | Expect::StridedClose { .. } => {
+            let Some(layout) = expect.close_layout() else {
+                unreachable!("both forms are compared to a reference")
+            };
+            compare_len(name, got.len(), layout.len())?;
             for (i, &g) in got.iter().enumerate() {
-                let (row, col) = (i / stride, i % stride);
-                if col < *row_len {
-                    let w = want[row * row_len + col];
-                    // NaN (an unwritten element) is never within.
-                    let within = (g - w).abs() <= abs + rel * w.abs();
-                    if !within {
-                        fail(i, g, format!("{w} ± {:.3e}", abs + rel * w.abs()));
+                match layout.at(i) {
+                    // Written so that NaN (an unwritten element) fails: NaN is never within.
+                    Some((w, tolerance)) => {
+                        let within = (g - w).abs() <= tolerance;
+                        if !within {
+                            fail(i, g, format!("{w} ± {tolerance:.3e}"));
+                        }
                     }
-                } else if !g.is_nan() {
-                    fail(
+                    None if !g.is_nan() => fail(
                         i,
                         g,
                         "the poison: this element lies outside the output".into(),
-                    );
+                    ),
+                    None => {}
                 }
             }
         }
@@ -245,6 +231,67 @@ fn check_one(
             want,
             count,
         }),
+    }
+}
+
+/// Where the elements of a close-to-reference output are and how close each must come.
+pub struct CloseLayout<'a> {
+    want: &'a [f64],
+    row_len: usize,
+    stride: usize,
+    abs: f64,
+    rel: f64,
+}
+
+impl CloseLayout<'_> {
+    /// Elements the output holds, gaps between rows included.
+    pub fn len(&self) -> usize {
+        self.want.len() / self.row_len.max(1) * self.stride
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The reference value of output element `i` and its tolerance `abs + rel·|want|`; `None`
+    /// for an element in a gap between rows (or past the output).
+    pub fn at(&self, i: usize) -> Option<(f64, f64)> {
+        let (row, col) = (i / self.stride.max(1), i % self.stride.max(1));
+        let want = *self
+            .want
+            .get(row * self.row_len + col)
+            .filter(|_| col < self.row_len)?;
+        Some((want, self.abs + self.rel * want.abs()))
+    }
+}
+
+impl Expect {
+    /// The layout of a close-to-reference output (a plain one is a single row); `None` for the
+    /// forms compared otherwise.
+    pub fn close_layout(&self) -> Option<CloseLayout<'_>> {
+        match self {
+            Self::Close { want, abs, rel } => Some(CloseLayout {
+                want,
+                row_len: want.len(),
+                stride: want.len(),
+                abs: *abs,
+                rel: *rel,
+            }),
+            Self::StridedClose {
+                want,
+                row_len,
+                stride,
+                abs,
+                rel,
+            } => Some(CloseLayout {
+                want,
+                row_len: *row_len,
+                stride: *stride,
+                abs: *abs,
+                rel: *rel,
+            }),
+            Self::Exact(_) | Self::TopKIndices { .. } => None,
+        }
     }
 }
 

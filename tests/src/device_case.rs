@@ -2,7 +2,7 @@
 //! poisoned, the launch arguments, the outputs read back, and the verdict of
 //! [`Case::check`] with the worst error seen.
 
-use crate::case::{Case, CaseArg, Expect, Mismatch};
+use crate::case::{Case, CaseArg, Mismatch};
 use crate::host::{POISON_BYTE, decode, encode};
 use hkload::abi::ScalarValue;
 use hkload::driver::StreamHandle;
@@ -121,34 +121,17 @@ fn worst_error(case: &Case, outputs: &[Option<Vec<f64>>]) -> Option<f64> {
         let (CaseArg::Output { expect, .. } | CaseArg::InOut { expect, .. }) = arg else {
             continue;
         };
-        // Pairs of (got, want) with their tolerance; the strided form's gaps are judged by
-        // `Case::check` alone.
-        let pairs: Vec<(f64, f64, f64, f64)> = match expect {
-            Expect::Close { want, abs, rel } => got
-                .as_deref()
-                .unwrap_or(&[])
-                .iter()
-                .zip(want)
-                .map(|(&g, &w)| (g, w, *abs, *rel))
-                .collect(),
-            Expect::StridedClose {
-                want,
-                row_len,
-                stride,
-                abs,
-                rel,
-            } => got
-                .as_deref()
-                .unwrap_or(&[])
-                .chunks(*stride)
-                .zip(want.chunks(*row_len))
-                .flat_map(|(g, w)| g.iter().zip(w).map(|(&g, &w)| (g, w, *abs, *rel)))
-                .collect(),
-            _ => continue,
+        // The strided form's gaps are judged by `Case::check` alone.
+        let Some(layout) = expect.close_layout() else {
+            continue;
         };
-        for (g, w, abs, rel) in pairs {
+        let got = got.as_deref().unwrap_or(&[]);
+        let pairs = got
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &g)| layout.at(i).map(|(w, tolerance)| (g, w, tolerance)));
+        for (g, w, tolerance) in pairs {
             let error = (g - w).abs();
-            let tolerance = abs + rel * w.abs();
             let ratio = if error == 0.0 {
                 0.0
             } else if error.is_nan() || tolerance == 0.0 {

@@ -244,42 +244,38 @@ pub fn case(variant: Variant, shape: Shape, rng: &mut impl Rng) -> Case {
         _ => 2f64.powi(-24),
     };
     let abs = k as f64 * 2f64.powi(-22) * spread + tiny(out);
-    let c = match variant.split_k {
+    // Split K adds to C, which starts from random values (NaN between rows).
+    let start = variant.split_k.map(|_| {
+        let mut start = vec![f64::NAN; m * ldc];
+        for r in 0..m {
+            let row = random_rounded(rng, ScalarType::F32, n, 0.0, 4.0);
+            for (j, &x) in row.iter().enumerate() {
+                start[r * ldc + j] = x;
+                want[r * n + j] += x;
+            }
+        }
+        start
+    });
+    let expect = Expect::StridedClose {
+        want,
+        row_len: n,
+        stride: ldc,
+        abs,
+        rel: unit,
+    };
+    let c = match start {
         None => CaseArg::Output {
             name: "c",
             elem: out,
             len: m * ldc,
-            expect: Expect::StridedClose {
-                want,
-                row_len: n,
-                stride: ldc,
-                abs,
-                rel: unit,
-            },
+            expect,
         },
-        Some(_) => {
-            // C starts from random values (NaN between rows), which the product adds to.
-            let mut start = vec![f64::NAN; m * ldc];
-            for r in 0..m {
-                let row = random_rounded(rng, ScalarType::F32, n, 0.0, 4.0);
-                for (j, &x) in row.iter().enumerate() {
-                    start[r * ldc + j] = x;
-                    want[r * n + j] += x;
-                }
-            }
-            CaseArg::InOut {
-                name: "c",
-                elem: out,
-                data: start,
-                expect: Expect::StridedClose {
-                    want,
-                    row_len: n,
-                    stride: ldc,
-                    abs,
-                    rel: unit,
-                },
-            }
-        }
+        Some(data) => CaseArg::InOut {
+            name: "c",
+            elem: out,
+            data,
+            expect,
+        },
     };
     let mut args = vec![c, CaseArg::input("a", ty, a), CaseArg::input("b", ty, b)];
     if let Some(bias) = bias {
