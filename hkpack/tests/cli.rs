@@ -159,14 +159,17 @@ fn without_ptxas_nvidia_targets_ship_ptx_and_the_summary_says_so() {
     // An empty PATH hides any ptxas; clang is still found in /usr/lib/llvm-NN/bin.
     let empty = root.path().join("empty-path");
     std::fs::create_dir(&empty).unwrap();
-    let build = Command::new(env!("CARGO_BIN_EXE_hkpack"))
-        .current_dir(root.path())
-        .args(["build", "--arch", "sm_90"])
-        .env("PATH", &empty)
-        .env_remove("HKPACK_PTXAS")
-        .env_remove("CUDA_HOME")
-        .output()
-        .unwrap();
+    let without_ptxas = |arch: &str| {
+        Command::new(env!("CARGO_BIN_EXE_hkpack"))
+            .current_dir(root.path())
+            .args(["build", "--arch", arch])
+            .env("PATH", &empty)
+            .env_remove("HKPACK_PTXAS")
+            .env_remove("CUDA_HOME")
+            .output()
+            .unwrap()
+    };
+    let build = without_ptxas("sm_90");
     assert!(build.status.success(), "{}", text(&build.stderr));
     let out = text(&build.stdout);
     assert!(out.contains("1 job: 1 compiled"), "{out}");
@@ -179,14 +182,7 @@ fn without_ptxas_nvidia_targets_ship_ptx_and_the_summary_says_so() {
     assert!(!manifest.contains("cuda-nvptx64-nvidia-cuda-sm_90\""));
 
     // Without cubins every PTX is some GPU's only code: sm_8x run compute_80's.
-    let build = Command::new(env!("CARGO_BIN_EXE_hkpack"))
-        .current_dir(root.path())
-        .args(["build", "--arch", "sm_80,sm_90"])
-        .env("PATH", &empty)
-        .env_remove("HKPACK_PTXAS")
-        .env_remove("CUDA_HOME")
-        .output()
-        .unwrap();
+    let build = without_ptxas("sm_80,sm_90");
     assert!(build.status.success(), "{}", text(&build.stderr));
     let manifest = std::fs::read_to_string(root.path().join("dist/cli-1.2.3/bundle.toml")).unwrap();
     assert!(manifest.contains("cuda-nvptx64-nvidia-cuda-compute_80"));
