@@ -180,7 +180,8 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         // Kernels run asynchronously: wait for the work queued so far, which may still use
-        // this memory, before freeing it, so that a checked `Kernel::call` can be safe.
+        // this memory, before freeing it, so that a checked `Kernel::call` can be safe. (CUDA
+        // documents only that cuMemFree *may* synchronise.)
         // Nothing useful can be done with a failure here; the driver reports it on its next
         // call if the context is broken.
         let _ = self.device.driver.synchronize(self.device());
