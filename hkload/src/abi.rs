@@ -266,23 +266,23 @@ impl ScalarValue {
         }
     }
 
-    /// The value's little-endian bytes; only the first `ty().size()` bytes are meaningful.
+    /// The value's little-endian bytes; only the first `ty().size()` bytes are meaningful
+    /// (the rest are zero). Built from the bits as one `u64`, so that packing an argument on
+    /// the launch path copies a fixed eight bytes.
     pub fn to_le_bytes(self) -> [u8; 8] {
-        let mut out = [0u8; 8];
-        let bytes: &[u8] = match &self {
-            Self::Bf16(v) | Self::F16(v) | Self::U16(v) => &v.to_le_bytes(),
-            Self::F32(v) => &v.to_le_bytes(),
-            Self::F64(v) => &v.to_le_bytes(),
-            Self::I8(v) => &v.to_le_bytes(),
-            Self::U8(v) => &v.to_le_bytes(),
-            Self::I16(v) => &v.to_le_bytes(),
-            Self::I32(v) => &v.to_le_bytes(),
-            Self::U32(v) => &v.to_le_bytes(),
-            Self::I64(v) => &v.to_le_bytes(),
-            Self::U64(v) => &v.to_le_bytes(),
+        let bits: u64 = match self {
+            Self::Bf16(v) | Self::F16(v) | Self::U16(v) => v.into(),
+            Self::F32(v) => v.to_bits().into(),
+            Self::F64(v) => v.to_bits(),
+            Self::I8(v) => u64::from(v as u8),
+            Self::U8(v) => v.into(),
+            Self::I16(v) => u64::from(v as u16),
+            Self::I32(v) => u64::from(v as u32),
+            Self::U32(v) => v.into(),
+            Self::I64(v) => v as u64,
+            Self::U64(v) => v,
         };
-        out[..bytes.len()].copy_from_slice(bytes);
-        out
+        bits.to_le_bytes()
     }
 }
 
