@@ -23,7 +23,7 @@ use crate::index::lookup::{KernelAt, Module, Table};
 use crate::index::{INDEX_FILE, Index};
 use crate::launch::{Arg, ArgLayout, Launched};
 use crate::manifest::{
-    BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ManifestError, Sha256Digest,
+    BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ManifestError, NotBuilt, Sha256Digest,
 };
 use crate::offload;
 use crate::select::{Selection, choose, select};
@@ -263,15 +263,28 @@ impl Bundle {
             .map_err(index_error(&inner.origin))
     }
 
-    /// For each module, which entry would run on `device` and why every other was passed over.
+    /// For each module, which entry would run on `device` and why every other was passed over,
+    /// and for a module with none, whether it is not built for the device by design (and why).
     /// No driver is involved: this works on any machine.
+    ///
+    /// The reasons come from the manifest, decoded here; an index whose manifest does not
+    /// decode gives an explanation without them (and fails at [`Bundle::load`]).
     pub fn explain(&self, device: &TargetId) -> Explanation {
         let modules = self
             .table()
             .modules()
-            .map(|module| ModuleChoice {
-                module: module.name().to_owned(),
-                selection: select(device, &module.entry_ids()),
+            .enumerate()
+            .map(|(index, module)| {
+                let selection = select(device, &module.entry_ids());
+                let not_built = match selection.chosen() {
+                    Some(_) => None,
+                    None => self.not_built_for(index, device).ok().flatten().cloned(),
+                };
+                ModuleChoice {
+                    module: module.name().to_owned(),
+                    selection,
+                    not_built,
+                }
             })
             .collect();
         Explanation {
@@ -281,8 +294,9 @@ impl Bundle {
     }
 
     /// Chooses the code object of every module for `device`, failing if any module has none
-    /// that can run there. Modules are loaded on first use of one of their kernels (or all at
-    /// once with [`LoadedBundle::preload`]).
+    /// that can run there, unless its manifest skips the device's target on purpose: such a
+    /// module is absent, and looking up one of its kernels says why. Modules are loaded on
+    /// first use of one of their kernels (or all at once with [`LoadedBundle::preload`]).
     pub fn load(&self, device: &Device) -> Result<LoadedBundle> {
         let target = device.target();
         let table = self.table();
@@ -290,17 +304,23 @@ impl Bundle {
         for (index, module) in table.modules().enumerate() {
             let ids = module.entry_ids();
             // The choice alone is cheap; the explanation is worked out only for an error.
-            let Some((chosen, _)) = choose(target, &ids) else {
-                return Err(Error::NoCodeObject {
-                    module: module.name().to_owned(),
-                    device: *target,
-                    available: ids.iter().map(EntryId::to_string).collect(),
-                    explanation: select(target, &ids).to_string(),
-                });
+            let choice = match choose(target, &ids) {
+                Some((chosen, _)) => Choice::Entry(ids[chosen]),
+                None => match self.not_built_for(index, target)? {
+                    Some(not_built) => Choice::NotBuilt(not_built.clone()),
+                    None => {
+                        return Err(Error::NoCodeObject {
+                            module: module.name().to_owned(),
+                            device: *target,
+                            available: ids.iter().map(EntryId::to_string).collect(),
+                            explanation: select(target, &ids).to_string(),
+                        });
+                    }
+                },
             };
             modules.push(ModuleSlot {
                 index,
-                entry: ids[chosen],
+                choice,
                 loaded: OnceLock::new(),
             });
         }
@@ -311,6 +331,20 @@ impl Bundle {
                 modules,
             }),
         })
+    }
+
+    /// The target module `index` skips on purpose that would have served `device`, if any. It
+    /// reads the manifest, so it is asked only for a module with no code for the device.
+    fn not_built_for(&self, index: usize, device: &TargetId) -> Result<Option<&NotBuilt>> {
+        let record = self
+            .manifest()?
+            .modules
+            .get(index)
+            .ok_or_else(|| Error::Mismatch {
+                what: format!("module {index} of the index's lookup table"),
+                detail: "the index's manifest does not list it".into(),
+            })?;
+        Ok(NotBuilt::serving(device, &record.not_built))
     }
 
     /// The bytes of the code image `entry` of module `index`, after the checks the options ask
@@ -476,12 +510,19 @@ pub struct Explanation {
 pub struct ModuleChoice {
     pub module: String,
     pub selection: Selection,
+    /// When no entry runs on the device: the target the module skips on purpose that would
+    /// have served it, and the manifest's reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_built: Option<NotBuilt>,
 }
 
 impl Explanation {
-    /// Whether every module has a code object that runs on the device.
+    /// Whether [`Bundle::load`] would succeed: every module has a code object that runs on the
+    /// device, or is not built for it by design.
     pub fn is_servable(&self) -> bool {
-        self.modules.iter().all(|m| m.selection.chosen().is_some())
+        self.modules
+            .iter()
+            .all(|m| m.selection.chosen().is_some() || m.not_built.is_some())
     }
 }
 
@@ -489,7 +530,14 @@ impl std::fmt::Display for Explanation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "device {}", self.device)?;
         for module in &self.modules {
-            writeln!(f, "module {}:", module.module)?;
+            match &module.not_built {
+                Some(not_built) => writeln!(
+                    f,
+                    "module {} is not built for {}: {}",
+                    module.module, not_built.target, not_built.reason
+                )?,
+                None => writeln!(f, "module {}:", module.module)?,
+            }
             for line in module.selection.to_string().lines() {
                 writeln!(f, "  {line}")?;
             }
@@ -513,8 +561,16 @@ struct LoadedInner {
 
 struct ModuleSlot {
     index: usize,
-    entry: EntryId,
+    choice: Choice,
     loaded: OnceLock<Result<Arc<LoadedModule>, Error>>,
+}
+
+/// What a module offers the device.
+enum Choice {
+    /// The code image the device runs.
+    Entry(EntryId),
+    /// Nothing, by design: the module's manifest skips the target that would serve it.
+    NotBuilt(NotBuilt),
 }
 
 /// A module loaded on a device; unloaded when the last kernel taken from it is dropped.
@@ -536,7 +592,8 @@ impl LoadedBundle {
         &self.inner.device
     }
 
-    /// The entry chosen for `module`, if the bundle has that module.
+    /// The entry chosen for `module`, if the bundle has that module and it is built for the
+    /// device.
     pub fn chosen_entry(&self, module: &str) -> Option<&EntryId> {
         let index = self
             .inner
@@ -545,13 +602,19 @@ impl LoadedBundle {
             .modules()
             .position(|m| m.name() == module)?;
         // Slots are in module order.
-        Some(&self.inner.modules[index].entry)
+        match &self.inner.modules[index].choice {
+            Choice::Entry(entry) => Some(entry),
+            Choice::NotBuilt(_) => None,
+        }
     }
 
-    /// Loads every module now rather than on first use.
+    /// Loads every module now rather than on first use (all but those not built for the
+    /// device).
     pub fn preload(&self) -> Result<()> {
         for slot in &self.inner.modules {
-            self.module(slot)?;
+            if let Choice::Entry(entry) = &slot.choice {
+                self.module(slot, entry)?;
+            }
         }
         Ok(())
     }
@@ -561,7 +624,21 @@ impl LoadedBundle {
         let (module_index, record) = self.inner.bundle.kernel_location(symbol)?;
         // Slots are in module order.
         let slot = &self.inner.modules[module_index];
-        let abi = kernel_abi(record, &slot.entry)?;
+        let entry = match &slot.choice {
+            Choice::Entry(entry) => entry,
+            Choice::NotBuilt(not_built) => {
+                return Err(Error::NotBuilt {
+                    kernel: symbol.to_owned(),
+                    module: self.inner.bundle.table().module(module_index).map_or_else(
+                        || format!("#{module_index}"),
+                        |module| module.name().to_owned(),
+                    ),
+                    target: not_built.target,
+                    reason: not_built.reason.clone(),
+                });
+            }
+        };
+        let abi = kernel_abi(record, entry)?;
         let layout = ArgLayout::new(
             &record.args,
             abi,
@@ -572,7 +649,7 @@ impl LoadedBundle {
             what: format!("kernel `{symbol}`"),
             detail,
         })?;
-        let module = self.module(slot)?;
+        let module = self.module(slot, entry)?;
         let function = self.inner.device.driver().function(module.handle, symbol)?;
         Ok(Kernel {
             inner: Arc::new(KernelInner {
@@ -585,16 +662,16 @@ impl LoadedBundle {
         })
     }
 
-    fn module(&self, slot: &ModuleSlot) -> Result<Arc<LoadedModule>> {
+    /// Module `slot`, whose chosen entry is `entry`, loaded on first use.
+    fn module(&self, slot: &ModuleSlot, entry: &EntryId) -> Result<Arc<LoadedModule>> {
         slot.loaded
             .get_or_init(|| {
                 let device = &self.inner.device;
-                let image = self.inner.bundle.code_image(slot.index, &slot.entry)?;
-                let handle = device.driver().load_module(
-                    device.ordinal(),
-                    slot.entry.image_kind(),
-                    &image,
-                )?;
+                let image = self.inner.bundle.code_image(slot.index, entry)?;
+                let handle =
+                    device
+                        .driver()
+                        .load_module(device.ordinal(), entry.image_kind(), &image)?;
                 Ok(Arc::new(LoadedModule {
                     device: device.clone(),
                     handle,

@@ -63,6 +63,16 @@ pub enum Error {
         explanation: String,
     },
 
+    #[error("kernel `{kernel}` (module `{module}`) is not built for {target}, by design: {reason}")]
+    NotBuilt {
+        kernel: String,
+        module: String,
+        /// The build target that would have served the device.
+        target: TargetId,
+        /// The module manifest's reason.
+        reason: String,
+    },
+
     #[error("the bundle has no kernel `{name}`{}", suggest(known))]
     UnknownKernel { name: String, known: Vec<String> },
 

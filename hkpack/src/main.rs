@@ -178,7 +178,12 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
                     emit(&if json {
                         to_json(&rows)
                     } else {
-                        inspect::table(&rows)
+                        let mut text = inspect::table(&rows);
+                        for line in inspect::not_built(&bundle)? {
+                            text.push_str(&line);
+                            text.push('\n');
+                        }
+                        text
                     });
                 }
             }

@@ -10,8 +10,8 @@ use hkload::code_object::KernelFacts;
 use hkload::index::{INDEX_FILE, Index};
 use hkload::manifest::{
     ABI_EXTENSION, BundleManifest, EntryRecord, FORMAT_VERSION, KernelAbi, KernelRecord,
-    MANIFEST_FILE, ModuleAbi, ModuleRecord, Package as PackageRecord, Provenance, Sha256Digest,
-    Toolchain as ToolchainRecord,
+    MANIFEST_FILE, ModuleAbi, ModuleRecord, NotBuilt, Package as PackageRecord, Provenance,
+    Sha256Digest, Toolchain as ToolchainRecord,
 };
 use hkload::offload;
 use hkload::select::choose;
@@ -97,7 +97,8 @@ pub fn write(
     let mut files = Vec::new();
     let mut abis = Vec::new();
     for (module, code) in &contents.modules {
-        let (record, bytes, abi) = module_files(module, code, contents.compress, cache)?;
+        let (record, bytes, abi) =
+            module_files(module, code, &contents.targets, contents.compress, cache)?;
         files.push((record.file.clone(), bytes));
         files.push((record.abi_file.clone(), abi.to_toml().into_bytes()));
         manifest.modules.push(record);
@@ -124,6 +125,7 @@ pub fn write(
 fn module_files(
     module: &Module,
     code: &[TargetCode],
+    targets: &[TargetId],
     compress: bool,
     cache: &Cache,
 ) -> Result<(ModuleRecord, Vec<u8>, ModuleAbi), PackageError> {
@@ -164,6 +166,16 @@ fn module_files(
         abi_file: format!("{}.{ABI_EXTENSION}", module.name),
         abi_sha256: Sha256Digest::of(abi_toml.as_bytes()),
         entries,
+        not_built: targets
+            .iter()
+            .filter_map(|target| {
+                let reason = module.skip_targets.get(target)?;
+                Some(NotBuilt {
+                    target: *target,
+                    reason: reason.clone(),
+                })
+            })
+            .collect(),
     };
     Ok((record, bytes, abi))
 }

@@ -58,7 +58,7 @@ pub(crate) fn to_py(error: Error) -> PyErr {
         | Error::Mismatch { .. }
         | Error::Signature { .. }
         | Error::Pinned { .. } => Exception::Bundle,
-        Error::NoCodeObject { .. } => Exception::NoCodeObject,
+        Error::NoCodeObject { .. } | Error::NotBuilt { .. } => Exception::NoCodeObject,
         Error::UnknownKernel { .. } => Exception::UnknownKernel,
         Error::Driver(_) | Error::NoSuchDevice { .. } => Exception::Driver,
         Error::Launch(launch) => launch_exception(launch),

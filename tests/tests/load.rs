@@ -683,7 +683,7 @@ fn an_empty_kernel_record_far_outside_the_index_is_refused_even_with_its_digest_
 fn a_damaged_format_version_reads_as_damage() {
     let (_package, dir) = small_bundle(false);
     let index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
-    // The version string is a MessagePack fixstr at the file's start: 0xa3, then `1.3`.
+    // The version string is a MessagePack fixstr at the file's start: 0xa3, then `1.4`.
     let version = [&[0xa3][..], FORMAT_VERSION.to_string().as_bytes()].concat();
     assert_eq!(index[..4], version);
     let with_version = |text: &[u8; 3]| leak([&[0xa3][..], text, &index[4..]].concat());
@@ -694,7 +694,7 @@ fn a_damaged_format_version_reads_as_damage() {
             .to_string()
     };
     // Verified, any change to the version is damage, not a format this hkload cannot read.
-    for text in [b"9.3", b"0.3", b"1.2", b"1.4", b"1,3"] {
+    for text in [b"9.3", b"0.3", b"1.2", b"1.3", b"1.5", b"1,4"] {
         let error = open(with_version(text), OpenOptions::default());
         assert!(error.contains("SHA-256 does not match"), "{error}");
     }

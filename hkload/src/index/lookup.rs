@@ -540,6 +540,7 @@ mod tests {
                 entry("cuda-nvptx64-nvidia-cuda-sm_90", 2000),
                 entry("cuda-nvptx64-nvidia-cuda-compute_90", 3000),
             ],
+            not_built: Vec::new(),
         };
         BundleManifest {
             format_version: FORMAT_VERSION,
