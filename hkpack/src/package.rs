@@ -79,10 +79,6 @@ pub fn write(
     out: &Path,
     cache: &Cache,
 ) -> Result<(PathBuf, u64), PackageError> {
-    std::fs::create_dir_all(out).map_err(io_error(out))?;
-    clean_leftovers(out, &[STAGING, RETIRED]);
-    let staging = Aside::create(out, STAGING).map_err(io_error(out))?;
-
     let mut manifest = BundleManifest {
         format_version: FORMAT_VERSION,
         targets: contents.targets.clone(),
@@ -108,17 +104,31 @@ pub fn write(
     files.push((INDEX_FILE.to_owned(), Index::encode(&manifest, &abis)));
 
     let total = files.iter().map(|(_, b)| b.len() as u64).sum();
-    for (name, bytes) in &files {
+    let dest = write_folder(out, &contents.package.bundle_name(), &files)?;
+    Ok((dest, total))
+}
+
+/// Writes `files` (name, bytes) as the folder `out/<name>`, assembled in a staging folder and
+/// moved into place whole, and returns the folder. A folder that already holds exactly these
+/// bytes is left untouched.
+pub fn write_folder(
+    out: &Path,
+    name: &str,
+    files: &[(String, Vec<u8>)],
+) -> Result<PathBuf, PackageError> {
+    std::fs::create_dir_all(out).map_err(io_error(out))?;
+    clean_leftovers(out, &[STAGING, RETIRED]);
+    let dest = out.join(name);
+    if holds_exactly(&dest, files) {
+        return Ok(dest);
+    }
+    let staging = Aside::create(out, STAGING).map_err(io_error(out))?;
+    for (name, bytes) in files {
         let path = staging.path().join(name);
         std::fs::write(&path, bytes).map_err(io_error(&path))?;
     }
-
-    let dest = out.join(contents.package.bundle_name());
-    if holds_exactly(&dest, &files) {
-        return Ok((dest, total));
-    }
     replace_dir(staging, &dest)?;
-    Ok((dest, total))
+    Ok(dest)
 }
 
 /// A module's record for the manifest, its bundle file and its ABI.
