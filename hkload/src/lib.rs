@@ -133,6 +133,7 @@ pub mod index;
 mod launch;
 pub mod manifest;
 pub mod offload;
+pub mod package_set;
 pub mod select;
 pub mod signing;
 pub mod target;

@@ -104,6 +104,7 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
     let toolchain = Toolchain::discover(&options.tools)?;
     toolchain.check_targets(&targets)?;
     let cache = Cache::open(&options.cache_dir)?;
+    check_every_module_builds(&package, &targets)?;
     let jobs = plan(&package, &targets);
 
     let bar = progress_bar(options.progress, jobs.len() as u64);
@@ -171,6 +172,29 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
         modules: package.modules.len(),
         targets: targets.len(),
     })
+}
+
+/// A module that skips every target of the build would have no code at all, and a module file
+/// holds at least one code object: say so rather than write a bundle without it.
+fn check_every_module_builds(package: &Package, targets: &[TargetId]) -> Result<(), Error> {
+    for module in &package.modules {
+        if targets.iter().all(|t| module.skip_targets.contains_key(t)) {
+            let (line, column) = module.name_at;
+            let names: Vec<String> = targets.iter().map(ToString::to_string).collect();
+            return Err(crate::manifest::ManifestError {
+                path: module.manifest.clone(),
+                line,
+                column,
+                message: format!(
+                    "module `{}` skips every target of this build ({}); build at least one target it supports (`--arch`)",
+                    module.name,
+                    names.join(", ")
+                ),
+            }
+            .into());
+        }
+    }
+    Ok(())
 }
 
 fn progress_bar(wanted: bool, len: u64) -> ProgressBar {
