@@ -99,13 +99,16 @@ pub enum LaunchError {
         signature: String,
     },
 
-    #[error("kernel `{kernel}` argument {index} (`{param}`) expects {expected}, got {found}")]
+    #[error("kernel `{kernel}` argument {index} (`{param}`) expects {expected}, got {found}{why}")]
     ArgType {
         kernel: String,
         index: usize,
         param: String,
         expected: String,
         found: String,
+        /// Empty, or `: ` and what makes this mix-up worse than it looks (an FP8 buffer of
+        /// the other encoding family).
+        why: String,
     },
 
     #[error(

@@ -3,6 +3,7 @@
 
 pub mod activation;
 pub mod conv1d;
+pub mod fp8;
 pub mod gemm;
 pub mod norm;
 pub mod rope;
@@ -21,5 +22,6 @@ pub fn all_cases(rng: &mut impl rand::Rng) -> Vec<Case> {
     cases.extend(topk::cases(rng));
     cases.extend(conv1d::cases(rng));
     cases.extend(gemm::cases(rng));
+    cases.extend(fp8::cases());
     cases
 }
