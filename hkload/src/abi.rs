@@ -402,7 +402,11 @@ mod tests {
             assert!(text.contains(part), "`{part}` not in {text}");
         }
         assert!(e4_fnuz.fp8_mixup(e4_ocp).is_some());
-        assert!(ScalarType::Fp8E5m2.fp8_mixup(ScalarType::Fp8E5m2fnuz).is_some());
+        assert!(
+            ScalarType::Fp8E5m2
+                .fp8_mixup(ScalarType::Fp8E5m2fnuz)
+                .is_some()
+        );
         assert_eq!(e4_ocp.fp8_mixup(ScalarType::Fp8E5m2), None);
         assert_eq!(e4_ocp.fp8_mixup(ScalarType::Fp8E5m2fnuz), None);
         assert_eq!(e4_ocp.fp8_mixup(ScalarType::U8), None);

@@ -289,15 +289,26 @@ fn assert_refused(
         };
         let buffer = device.alloc(other, 1 << 16).unwrap();
         let error = kernel
-            .call(StreamHandle::DEFAULT, &replaced(good, i, Arg::BufferMut(&buffer)))
+            .call(
+                StreamHandle::DEFAULT,
+                &replaced(good, i, Arg::BufferMut(&buffer)),
+            )
             .unwrap_err()
             .to_string();
         let (want, got) = (pointee.fp8().unwrap(), other.fp8().unwrap());
         let writable = if mutable { "writable " } else { "" };
         for part in [
             format!("expects a {writable}buffer of {want}"),
-            format!("{got} ({}, the {} encoding)", got.torch_dtype(), got.family()),
-            format!("{want} ({}, the {} encoding)", want.torch_dtype(), want.family()),
+            format!(
+                "{got} ({}, the {} encoding)",
+                got.torch_dtype(),
+                got.family()
+            ),
+            format!(
+                "{want} ({}, the {} encoding)",
+                want.torch_dtype(),
+                want.family()
+            ),
         ] {
             assert!(error.contains(&part), "`{part}` not in: {error}");
         }

@@ -31,7 +31,11 @@ pub fn encode_probes(format: Fp8Format) -> Vec<f32> {
     let mut probes = values.clone();
     for pair in values.windows(2) {
         let mid = (pair[0] + pair[1]) / 2.0; // exact: both have few significant bits
-        probes.extend([mid, f32::from_bits(mid.to_bits() + 1), f32::from_bits(mid.to_bits() - 1)]);
+        probes.extend([
+            mid,
+            f32::from_bits(mid.to_bits() + 1),
+            f32::from_bits(mid.to_bits() - 1),
+        ]);
     }
     let max = format.max();
     probes.extend([
@@ -65,7 +69,12 @@ pub fn cases() -> Vec<Case> {
                 .iter()
                 .map(|&x| fp8_value(format, format.encode(x)))
                 .collect();
-            let label = |what: &str| format!("{what} path={}", if path.is_empty() { "own" } else { "software" });
+            let label = |what: &str| {
+                format!(
+                    "{what} path={}",
+                    if path.is_empty() { "own" } else { "software" }
+                )
+            };
             cases.push(Case {
                 kernel: format!("cast_f32_to_{format}{path}"),
                 label: label(&format!("{} probes", probes.len())),
@@ -76,7 +85,11 @@ pub fn cases() -> Vec<Case> {
                         len: probes.len(),
                         expect: Expect::Exact(want),
                     },
-                    CaseArg::input("x", ScalarType::F32, probes.iter().map(|&x| f64::from(x)).collect()),
+                    CaseArg::input(
+                        "x",
+                        ScalarType::F32,
+                        probes.iter().map(|&x| f64::from(x)).collect(),
+                    ),
                     CaseArg::Scalar(ScalarValue::U64(probes.len() as u64)),
                 ],
                 grid: [None; 3],
@@ -99,7 +112,11 @@ pub fn cases() -> Vec<Case> {
                         len: codes.len(),
                         expect: Expect::Exact(want),
                     },
-                    CaseArg::input("x", ty, codes.iter().map(|&c| fp8_value(format, c)).collect()),
+                    CaseArg::input(
+                        "x",
+                        ty,
+                        codes.iter().map(|&c| fp8_value(format, c)).collect(),
+                    ),
                     CaseArg::Scalar(ScalarValue::U64(codes.len() as u64)),
                 ],
                 grid: [None; 3],
@@ -119,9 +136,11 @@ mod tests {
         case.args
             .iter()
             .map(|arg| match arg {
-                CaseArg::Output { elem, expect: Expect::Exact(want), .. } => {
-                    Some(decode(*elem, &encode(*elem, want)))
-                }
+                CaseArg::Output {
+                    elem,
+                    expect: Expect::Exact(want),
+                    ..
+                } => Some(decode(*elem, &encode(*elem, want))),
                 _ => None,
             })
             .collect()
@@ -133,7 +152,13 @@ mod tests {
         assert_eq!(cases.len(), 4 * 2 * 2);
         for case in &cases {
             let outputs = reference_outputs(case);
-            assert_eq!(case.check(&outputs), Ok(()), "{} {}", case.kernel, case.label);
+            assert_eq!(
+                case.check(&outputs),
+                Ok(()),
+                "{} {}",
+                case.kernel,
+                case.label
+            );
         }
     }
 
@@ -143,7 +168,9 @@ mod tests {
         let find = |kernel: &str| cases.iter().find(|c| c.kernel == kernel).unwrap();
         // OCP E4M3 encoded as FNUZ: off by a factor of two, or NaN.
         let ocp = find("cast_f32_to_fp8_e4m3fn");
-        let CaseArg::Input { data: x, .. } = &ocp.args[1] else { unreachable!() };
+        let CaseArg::Input { data: x, .. } = &ocp.args[1] else {
+            unreachable!()
+        };
         let fnuz: Vec<f64> = x
             .iter()
             .map(|&v| {

@@ -6,6 +6,7 @@ pub mod conv1d;
 pub mod fp8;
 pub mod gemm;
 pub mod norm;
+pub mod quant;
 pub mod rope;
 pub mod softmax;
 pub mod topk;
@@ -23,5 +24,6 @@ pub fn all_cases(rng: &mut impl rand::Rng) -> Vec<Case> {
     cases.extend(conv1d::cases(rng));
     cases.extend(gemm::cases(rng));
     cases.extend(fp8::cases());
+    cases.extend(quant::cases(rng));
     cases
 }
