@@ -99,16 +99,15 @@ pub enum LaunchError {
         signature: String,
     },
 
-    #[error("kernel `{kernel}` argument {index} (`{param}`) expects {expected}, got {found}{why}")]
+    #[error("kernel `{kernel}` argument {index} (`{param}`) expects {expected}, got {found}")]
     ArgType {
         kernel: String,
         index: usize,
         param: String,
         expected: String,
+        /// What was given, and for an FP8 buffer of the other encoding family why that is
+        /// worse than it looks.
         found: String,
-        /// Empty, or `: ` and what makes this mix-up worse than it looks (an FP8 buffer of
-        /// the other encoding family).
-        why: String,
     },
 
     #[error(

@@ -302,10 +302,10 @@ impl ArgLayout {
                         index,
                         param,
                         expected: describe_param(self.params[index].0.ty),
-                        found: arg.describe(),
-                        why: fp8_mixup(self.params[index].0.ty, arg)
-                            .map(|why| format!(": {why}"))
-                            .unwrap_or_default(),
+                        found: match fp8_mixup(self.params[index].0.ty, arg) {
+                            Some(why) => format!("{}: {why}", arg.describe()),
+                            None => arg.describe(),
+                        },
                     },
                     ArgMismatch::Device(found) => LaunchError::ArgDevice {
                         kernel,
