@@ -134,6 +134,8 @@ pub enum LaunchError {
         index: usize,
         param: String,
         expected: String,
+        /// What was given, and for an FP8 buffer of the other encoding family why that is
+        /// worse than it looks.
         found: String,
     },
 

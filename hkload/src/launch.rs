@@ -420,7 +420,10 @@ impl ArgLayout {
                 index,
                 param,
                 expected: describe_param(self.params[index].ty),
-                found: arg.describe(),
+                found: match fp8_mixup(self.params[index].ty, arg) {
+                    Some(why) => format!("{}: {why}", arg.describe()),
+                    None => arg.describe(),
+                },
             },
             ArgMismatch::Device(found) => LaunchError::ArgDevice {
                 kernel,
@@ -662,6 +665,20 @@ fn argument_bytes(ty: ParamType, arg: &Arg<'_>, device: &Device) -> Result<[u8; 
 /// Whether two handles are the same driver instance (not merely the same kind of driver).
 fn same(a: &Arc<dyn Driver>, b: &Arc<dyn Driver>) -> bool {
     std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+}
+
+/// Why `arg` is worse than a plain type mismatch for a parameter of type `ty`: an FP8 buffer
+/// of the other encoding family ([`ScalarType::fp8_mixup`]).
+fn fp8_mixup(ty: ParamType, arg: &Arg<'_>) -> Option<String> {
+    let ParamType::Pointer { pointee, .. } = ty else {
+        return None;
+    };
+    let found = match arg {
+        Arg::Buffer(b) | Arg::BufferMut(b) => b.elem(),
+        Arg::Raw(r) => r.elem,
+        Arg::Scalar(_) => return None,
+    };
+    pointee.fp8_mixup(found)
 }
 
 fn describe_param(ty: ParamType) -> String {

@@ -129,6 +129,7 @@ pub mod device;
 pub mod driver;
 mod error;
 pub mod file;
+pub mod fp8;
 pub mod index;
 mod launch;
 pub mod manifest;

@@ -275,6 +275,44 @@ fn assert_refused(
             (ParamType::Pointer { .. }, _, None) => unreachable!("every pointer has misfits"),
         }
     }
+    // An FP8 buffer of the other family (OCP for FNUZ, FNUZ for OCP) is refused with both
+    // formats named, torch's names too: the mix-up that would compute plausible garbage.
+    for (i, param) in signature.iter().enumerate() {
+        let ParamType::Pointer { pointee, mutable } = param.ty else {
+            continue;
+        };
+        let Some(other) = ScalarType::ALL
+            .into_iter()
+            .find(|&other| pointee.fp8_mixup(other).is_some())
+        else {
+            continue;
+        };
+        let buffer = device.alloc(other, 1 << 16).unwrap();
+        let error = kernel
+            .call(
+                StreamHandle::DEFAULT,
+                &replaced(good, i, Arg::BufferMut(&buffer)),
+            )
+            .unwrap_err()
+            .to_string();
+        let (want, got) = (pointee.fp8().unwrap(), other.fp8().unwrap());
+        let writable = if mutable { "writable " } else { "" };
+        for part in [
+            format!("expects a {writable}buffer of {want}"),
+            format!(
+                "{got} ({}, the {} encoding)",
+                got.torch_dtype(),
+                got.family()
+            ),
+            format!(
+                "{want} ({}, the {} encoding)",
+                want.torch_dtype(),
+                want.family()
+            ),
+        ] {
+            assert!(error.contains(&part), "`{part}` not in: {error}");
+        }
+    }
     for (args, expected) in attempts {
         let error = kernel.call(StreamHandle::DEFAULT, &args).unwrap_err();
         let name = match error {
