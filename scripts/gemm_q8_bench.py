@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""The 8-bit GEMMs on an NVIDIA GPU: correctness against a float64 reference and speed against
+torch's own 8-bit matmuls, in one run.
+
+  gemm_fp8_e4m3fn_nt_{per_tensor,per_token}_bf16 against torch._scaled_mm (float8_e4m3fn, the
+    same scales: per tensor, or per row of A and per column of B; bf16 out)
+  gemm_a8w8_nt_bf16 against torch._int_mm (int8 in, int32 out: the peer does no scaling, so it
+    does a little less work than ours)
+
+Called through hkload's Python package with their arguments alone, as a user does. Inputs are
+fresh random values quantized to each format with per-row (or per-tensor) scales; C starts as
+NaN. The check, for C[i][j] with K terms of exact 8-bit products summed in f32 (i32 for int8,
+exact), scaled and rounded once to bf16:
+    |got - ref| <= 2^-8 |ref| + K 2^-22 sqrt(sum_k (a_ik b_jk)^2) s_i t_j + 2^-133
+ref in float64 from the same quantized values and scales. Every C is checked at M = 16 and
+2048 (the f64 product at M = 8192 is slow; those are timed only).
+
+usage: gemm_q8_bench.py BUNDLE   (hkload installed, or on PYTHONPATH)
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hkload
+import torch
+
+SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
+MS = [16, 2048, 8192]
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+
+
+def quantize(x: torch.Tensor, dtype, top: float):
+    """x quantized per row to dtype, and the f32 scales (x ≈ q · scale)."""
+    scale = (x.abs().amax(dim=1).float() / top).clamp(min=1e-12)
+    q = (x / scale[:, None]).clamp(-top, top)
+    q = q.round().to(dtype) if dtype == torch.int8 else q.to(dtype)
+    return q, scale
+
+
+def timed(fn, reps=20):
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(3):
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / reps)
+    return best
+
+
+def check(got, a, b, sa, sb):
+    """The worst |error| / bound over C (see the module docs); a, b the quantized values as
+    f64, sa [M] and sb [N] their scales."""
+    ref = (a @ b.T) * sa[:, None] * sb[None, :]
+    spread = ((a * a) @ (b * b).T).sqrt() * sa[:, None] * sb[None, :]
+    bound = 2.0**-8 * ref.abs() + a.shape[1] * 2.0**-22 * spread + 2.0**-133
+    err = (got.double() - ref).abs()
+    if torch.isnan(got).any():
+        return float("inf")
+    return (err / bound).max().item()
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    kernels = hkload.Bundle(sys.argv[1]).load(torch.device("cuda", 0))
+    torch.manual_seed(0)
+    print(f"{torch.cuda.get_device_name(0)} torch {torch.__version__} hkload {sys.argv[1]}")
+    print("TF/s count 2 M N K; ratio = peer time / ours; worst = largest error / bound (<= 1 passes)")
+    header = f"{'kernel':<10} {'M':>5} {'N':>6} {'K':>6} {'ours ms':>9} {'TF/s':>7} {'peer ms':>9} {'TF/s':>7} {'ratio':>6} {'worst':>6}"
+    print(header)
+    failed = 0
+    for kind in ("fp8 tensor", "fp8 token", "int8"):
+        for m in MS:
+            for n, k in SHAPES:
+                x = torch.randn(m, k, device="cuda")
+                w = torch.randn(n, k, device="cuda")
+                if kind == "int8":
+                    a, sa = quantize(x, torch.int8, 127.0)
+                    b, sb = quantize(w, torch.int8, 127.0)
+                    name = "gemm_a8w8_nt_bf16"
+                elif kind == "fp8 token":
+                    a, sa = quantize(x, FP8, FP8_MAX)
+                    b, sb = quantize(w, FP8, FP8_MAX)
+                    name = "gemm_fp8_e4m3fn_nt_per_token_bf16"
+                else:
+                    ta, tb = x.abs().max() / FP8_MAX, w.abs().max() / FP8_MAX
+                    a, b = (x / ta).to(FP8), (w / tb).to(FP8)
+                    sa, sb = ta.reshape(1).float(), tb.reshape(1).float()
+                    name = "gemm_fp8_e4m3fn_nt_per_tensor_bf16"
+                c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+
+                def ours():
+                    kernels.call(name, c, a, b, sa, sb, m, n, k, k, k, n)
+
+                if kind == "int8":
+                    # torch._int_mm wants m > 16 on CUDA.
+                    peer = (lambda: torch._int_mm(a, b.t())) if m > 16 else None
+                elif kind == "fp8 token":
+                    peer = lambda: torch._scaled_mm(a, b.t(), scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=torch.bfloat16)
+                else:
+                    peer = lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+                ms = timed(ours)
+                worst = "-"
+                if m <= 2048:
+                    ours()
+                    torch.cuda.synchronize()
+                    def full(scale, count):
+                        return scale.double().expand(count) if scale.numel() == 1 else scale.double()
+
+                    values = (a.float().double(), b.float().double())
+                    ratio = check(c, *values, full(sa, m), full(sb, n))
+                    failed += ratio > 1.0
+                    worst = f"{ratio:.3f}"
+                tf = 2 * m * n * k / ms / 1e9
+                peer_cols = f"{'-':>9} {'-':>7} {'-':>6}"
+                if peer is not None:
+                    try:
+                        pms = timed(peer)
+                        peer_cols = f"{pms:9.4f} {2 * m * n * k / pms / 1e9:7.1f} {pms / ms:6.2f}"
+                    except RuntimeError as refused:  # a layout or shape the peer does not take
+                        peer_cols = f"  (peer refused: {str(refused).splitlines()[0][:60]})"
+                print(f"{kind:<10} {m:>5} {n:>6} {k:>6} {ms:9.4f} {tf:7.1f} {peer_cols} {worst:>6}", flush=True)
+    print(f"checks: {'all passed' if not failed else f'{failed} FAILED'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
