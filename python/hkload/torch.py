@@ -19,7 +19,7 @@ import string
 
 import torch
 
-from . import FLOAT_DTYPES, Kernels, Signature
+from . import FLOAT_DTYPES, Kernels, NoCodeObjectError, Signature
 
 # Libraries must outlive their ops: torch removes a library's registrations when it is freed.
 _libraries: list[torch.library.Library] = []
@@ -49,12 +49,17 @@ def _fake(*args: object) -> None:
 def register(kernels: Kernels, namespace: str = "hk") -> torch._ops._OpNamespace:
     """Defines every kernel of ``kernels`` as the op ``torch.ops.<namespace>.<kernel>`` and
     returns ``torch.ops.<namespace>``. A namespace holds one bundle's kernels once: register
-    another device's or bundle's under another namespace."""
+    another device's or bundle's under another namespace. Kernels the bundle builds on purpose
+    for other targets only (``kernels[name]`` raises NoCodeObjectError saying why) are left
+    out."""
     library = torch.library.Library(namespace, "FRAGMENT")
     for name in dir(kernels):
-        signature = kernels[name].signature
-        library.define(schema(signature))
-        library.impl(name, kernels[name], "CUDA")
+        try:
+            kernel = kernels[name]
+        except NoCodeObjectError:
+            continue
+        library.define(schema(kernel.signature))
+        library.impl(name, kernel, "CUDA")
         torch.library.register_fake(f"{namespace}::{name}", _fake, lib=library)
     _libraries.append(library)
     return getattr(torch.ops, namespace)
