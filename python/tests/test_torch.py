@@ -135,7 +135,7 @@ def q8_gemm_case(kernel: str, generator: torch.Generator) -> Case:
     else:
         dtype = FP8[fp8_format(kernel)]
         a, b = uniform(m, k, low=-200, high=200).to(dtype), uniform(n, k, low=-200, high=200).to(dtype)
-        rows = (m, n) if "per_token" in words else (1, 1)
+        rows = (m, n) if "per_token" in kernel else (1, 1)
         a_scale, b_scale = (uniform(r, low=0.001, high=0.01).float() for r in rows)
     bias = uniform(n).to(torch.bfloat16) if "bias" in words else None
     c = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
