@@ -10,6 +10,10 @@
 //   E4M3 x E4M3 (element type hk::fp8_<format>), f32 sums
 //   gemm_fp8_<format>_nt_{per_tensor,per_token}[_bias]_bf16(the same arguments)
 //     per_tensor: a_scale[0] and b_scale[0] scale everything; per_token: as a8w8's scales.
+//   gemm_fp8_blockscale_<format>_nt[_bias]_bf16(the same arguments): DeepSeek-V3's scales,
+//     a_scale [M][G] per 1 x 128 group of A's row, b_scale [ceil(N/128)][G] per 128 x 128
+//     block of B, G = ceil(K/128): C[i][j] = bf16(Σ_g f32(Σ_{k in g} A[i][k] B[j][k])
+//     · a_scale[i][g] · b_scale[j/128][g] (+ bias[j])), each group's partial sums in f32.
 //   <format> is the one the target's instruction computes on (hk/tile/mfma8.h,
 //   hk/tile/mma_sync8.h): e4m3fnuz on gfx942, e4m3fn on gfx950 and sm_90, so each
 //   format is its own module with the other targets skipped (and gfx90a, sm_80: none at all).
@@ -28,21 +32,41 @@ namespace {
 
 using hk::tile::BLayout;
 
+// Which scales multiply the sums.
+enum class Scales {
+  kPerTensor,  // a_scale[0] · b_scale[0]
+  kPerToken,   // a_scale[row] · b_scale[column]
+  kBlock,      // per 128-deep group g: a_scale[row][g] · b_scale[column / 128][g]
+};
+
 // 128 x 128 blocks of C, 64 elements (bytes) deep a step: the 16-bit Square's shape and bytes.
 // Eight waves of 64 x 32, 8 atoms of 16 x 16 each (four waves of 64 x 64, as Square, spilled
-// 12 to 128 bytes on sm_80 and sm_90). NVIDIA keeps 3 stages of 16 KiB (the 48 KiB of static shared memory), AMD
-// double-buffers through registers.
-struct Tiling {
-  static constexpr unsigned kTileM = 128, kTileN = 128, kTileK = 64;
+// 12 to 128 bytes on sm_80 and sm_90). NVIDIA keeps 3 stages of 16 KiB (the 48 KiB of static
+// shared memory), AMD double-buffers through registers. Block scales keep a second set of
+// accumulators (the scaled total of the finished groups); with it sm_90 spilled 4 to 10
+// registers at 64 deep, and none at 32, so NVIDIA's block-scaled kernels step 32 deep.
+constexpr unsigned kThreads = 2 * 4 * hk::kWaveSize;
+template <Scales kScales> struct Tiling {
+  static constexpr unsigned kTileM = 128, kTileN = 128;
   static constexpr unsigned kWavesM = 2, kWavesN = 4;
-  static constexpr unsigned kThreads = kWavesM * kWavesN * hk::kWaveSize;
+  static constexpr unsigned kThreads = ::kThreads;
+  static_assert(kWavesM * kWavesN * hk::kWaveSize == kThreads, "eight waves a block");
   static constexpr unsigned kWaveRows = kTileM / kWavesM, kWaveCols = kTileN / kWavesN;
 #if HK_AMD
-  static constexpr unsigned kStages = 2;
+  static constexpr unsigned kTileK = 64, kStages = 2;
 #else
-  static constexpr unsigned kStages = 3;
+  static constexpr unsigned kTileK = kScales == Scales::kBlock ? 32 : 64, kStages = 3;
 #endif
 };
+
+// The depth and width of a block scale's group (DeepSeek-V3's 1 x 128 and 128 x 128). A block
+// of C is one group wide, so one b_scale a group multiplies all of it, and a group is whole
+// steps deep, so a group's partial sums are complete at the end of a step.
+constexpr unsigned kScaleGroup = 128;
+using BlockTiling = Tiling<Scales::kBlock>;
+static_assert(BlockTiling::kTileN == kScaleGroup, "a block of C shares one b_scale a group");
+static_assert(kScaleGroup % BlockTiling::kTileK == 0, "a scale group is whole steps deep");
+constexpr unsigned kStepsPerGroup = kScaleGroup / BlockTiling::kTileK;
 
 // Consecutive blocks walk kGroupM block rows of C column by column, so that kGroupM blocks
 // share each B block through L2 (as gemm.hip's blocks do).
@@ -63,15 +87,9 @@ HK_DEVICE BlockTile block_tile() {
   return {first_m + in_group % group_m, in_group / group_m};
 }
 
-// Which scales multiply the sums.
-enum class Scales {
-  kPerTensor,  // a_scale[0] · b_scale[0]
-  kPerToken,   // a_scale[row] · b_scale[column]
-};
-
-template <typename T> struct Stage {
-  hk::tile::SharedTile<T, Tiling::kTileM, Tiling::kTileK> a;
-  hk::tile::SharedTile<T, Tiling::kTileN, Tiling::kTileK> b;
+template <typename T, class Tl> struct Stage {
+  hk::tile::SharedTile<T, Tl::kTileM, Tl::kTileK> a;
+  hk::tile::SharedTile<T, Tl::kTileN, Tl::kTileK> b;
 };
 
 template <typename T, Scales kScales, bool kBias>
@@ -79,8 +97,9 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
                        const float* __restrict__ a_scale, const float* __restrict__ b_scale,
                        const hk::bf16* __restrict__ bias, unsigned m, unsigned n, unsigned k,
                        unsigned lda, unsigned ldb, unsigned ldc) {
-  using Tl = Tiling;
-  __shared__ Stage<T> stage[Tl::kStages];
+  using Tl = Tiling<kScales>;
+  using Stage = ::Stage<T, Tl>;
+  __shared__ Stage stage[Tl::kStages];
   using Acc = hk::tile::Accumulators<T, Tl::kWaveRows / 16, Tl::kWaveCols / 16>;
   using Atom = typename Acc::Atom;
   static_assert(Tl::kTileK % Atom::kK == 0, "a step is whole atoms deep");
@@ -97,10 +116,42 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
 
   Acc acc;
   acc.zero();
-  const auto multiply = [&](const Stage<T>& s) HK_INLINE {
+  // With block scales, acc holds the current group's partial sums and total the scaled sum of
+  // the groups before it (unused, and so gone, for the other schemes).
+  Acc total;
+  total.zero();
+  const unsigned groups = (k + kScaleGroup - 1) / kScaleGroup;
+  const auto fold = [&](unsigned group) HK_INLINE {
+    const float b_group = b_scale[tile.n * groups + group];
+#pragma unroll
+    for (unsigned i = 0; i < Acc::kTilesM; ++i) {
+      // A lane's accumulators of atom row i lie in two rows (Atom::row of v = 0 and v = 2
+      // on NVIDIA; more on AMD): one scale each, loaded once.
+      float scale[Atom::C::kSize];
+#pragma unroll
+      for (unsigned v = 0; v < Atom::C::kSize; ++v) {
+        // Rows past m sum only the zero fill and are never stored; they read the last
+        // row's scale, as theirs are not in a_scale.
+        const unsigned at = row0 + wave_row + i * Atom::kM + Atom::row(v);
+        scale[v] = a_scale[(at < m ? at : m - 1) * groups + group] * b_group;
+      }
+#pragma unroll
+      for (unsigned j = 0; j < Acc::kTilesN; ++j)
+#pragma unroll
+        for (unsigned v = 0; v < Atom::C::kSize; ++v) {
+          total.tile[i][j].v[v] += acc.tile[i][j].v[v] * scale[v];
+          acc.tile[i][j].v[v] = 0;
+        }
+    }
+  };
+  const auto multiply = [&](const Stage& s, unsigned step) HK_INLINE {
 #pragma unroll
     for (unsigned kk = 0; kk < Tl::kTileK; kk += Atom::kK)
       hk::tile::mma<BLayout::kNK>(acc, s.a, s.b, wave_row, wave_col, kk);
+    if constexpr (kScales == Scales::kBlock) {
+      if (step % kStepsPerGroup == kStepsPerGroup - 1 || step + 1 == steps)
+        fold(step / kStepsPerGroup);
+    }
   };
 
   const bool vector = ga.vector_rows() && gb.vector_rows();
@@ -108,7 +159,7 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
   if (vector) {
     constexpr unsigned kStages = Tl::kStages;
     const auto copy = [&](unsigned s) HK_INLINE {
-      Stage<T>& to = stage[s % kStages];
+      Stage& to = stage[s % kStages];
       hk::tile::copy_async<Tl::kThreads>(to.a, ga, row0, s * Tl::kTileK, thread);
       hk::tile::copy_async<Tl::kThreads>(to.b, gb, col0, s * Tl::kTileK, thread);
     };
@@ -124,7 +175,7 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
       hk::block_sync();
       if (s + kStages - 1 < steps) copy(s + kStages - 1);
       hk::tile::async_commit();
-      multiply(stage[s % kStages]);
+      multiply(stage[s % kStages], s);
     }
   } else {
     // Unaligned rows, the slow path: element by element, no overlap, so that nothing staged
@@ -133,19 +184,19 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
       hk::tile::copy_elements<Tl::kThreads>(stage[0].a, ga, row0, s * Tl::kTileK, thread);
       hk::tile::copy_elements<Tl::kThreads>(stage[0].b, gb, col0, s * Tl::kTileK, thread);
       hk::block_sync();
-      multiply(stage[0]);
+      multiply(stage[0], s);
       hk::block_sync();
     }
   }
 #else
   {
-    hk::tile::StagedCopy<decltype(Stage<T>::a), Tl::kThreads> next_a;
-    hk::tile::StagedCopy<decltype(Stage<T>::b), Tl::kThreads> next_b;
+    hk::tile::StagedCopy<decltype(Stage::a), Tl::kThreads> next_a;
+    hk::tile::StagedCopy<decltype(Stage::b), Tl::kThreads> next_b;
     const auto fetch = [&](unsigned s) HK_INLINE {
       next_a.fetch(ga, row0, s * Tl::kTileK, thread, vector);
       next_b.fetch(gb, col0, s * Tl::kTileK, thread, vector);
     };
-    const auto store = [&](Stage<T>& to) HK_INLINE {
+    const auto store = [&](Stage& to) HK_INLINE {
       next_a.store(to.a, thread);
       next_b.store(to.b, thread);
     };
@@ -156,7 +207,7 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
       const unsigned now = s % 2;
       const bool more = s + 1 < steps;
       if (more) fetch(s + 1);
-      multiply(stage[now]);
+      multiply(stage[now], s);
       // The other stage was last read in step s - 1, before the barrier that ended it.
       if (more) store(stage[1 - now]);
       hk::block_sync();
@@ -165,15 +216,17 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
 #endif
 
   // The scales apply to the finished sums (an i32 sum converts to f32 once, rounding only
-  // past 2^24), in the order the reference states: sum · a_scale · b_scale (+ bias).
+  // past 2^24), in the order the reference states: sum · a_scale · b_scale (+ bias); block
+  // scales were applied group by group (fold).
   const float tensor_scale = kScales == Scales::kPerTensor ? a_scale[0] * b_scale[0] : 0.0f;
-  acc.for_each([&](unsigned r, unsigned col, auto sum) HK_INLINE {
+  const Acc& sums = kScales == Scales::kBlock ? total : acc;
+  sums.for_each([&](unsigned r, unsigned col, auto sum) HK_INLINE {
     const unsigned row = row0 + wave_row + r, column = col0 + wave_col + col;
     if (row < m && column < n) {
       float x = static_cast<float>(sum);
       if constexpr (kScales == Scales::kPerTensor)
         x *= tensor_scale;
-      else
+      else if constexpr (kScales == Scales::kPerToken)
         x = x * a_scale[row] * b_scale[column];
       if constexpr (kBias) x += hk::to_float(bias[column]);
       c[static_cast<unsigned long long>(row) * ldc + column] = hk::from_float<hk::bf16>(x);
@@ -186,7 +239,7 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
 // One block per SM / CU at least: asking for two (128 registers a thread on NVIDIA) spilled 8
 // to 64 bytes on sm_90 (the FP8 kernels most), which the module's no_spills refuses.
 #define HK_Q8_ENTRY(name) \
-  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Tiling::kThreads, 1) void name
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kThreads, 1) void name
 #define HK_Q8_SIZES unsigned m, unsigned n, unsigned k, unsigned lda, unsigned ldb, unsigned ldc
 #define HK_Q8_PARAMS(T) \
   hk::bf16 *c, const T *a, const T *b, const float *a_scale, const float *b_scale
@@ -206,7 +259,8 @@ HK_Q8(gemm_a8w8_nt, hk::i8, Scales::kPerToken)
 #define HK_Q8_FP8_NAME(format, scheme) gemm_fp8_##format##_nt_##scheme
 #define HK_Q8_FP8(format)                                                             \
   HK_Q8(HK_Q8_FP8_NAME(format, per_tensor), hk::fp8_##format, Scales::kPerTensor) \
-  HK_Q8(HK_Q8_FP8_NAME(format, per_token), hk::fp8_##format, Scales::kPerToken)
+  HK_Q8(HK_Q8_FP8_NAME(format, per_token), hk::fp8_##format, Scales::kPerToken)        \
+  HK_Q8(gemm_fp8_blockscale_##format##_nt, hk::fp8_##format, Scales::kBlock)
 #define HK_Q8_FP8_EXPAND(format) HK_Q8_FP8(format)
 HK_Q8_FP8_EXPAND(HK_GEMM_FP8)
 #else

@@ -97,6 +97,8 @@ def symbol(module, scales, bias):
     b = "_bias" if bias else ""
     if module == "gemm_a8w8":
         return f"gemm_a8w8_nt{b}_bf16"
+    if scales == "blockscale":
+        return f"gemm_fp8_blockscale_{module[len('gemm_fp8_'):]}_nt{b}_bf16"
     return f"{module}_nt_{scales}{b}_bf16"
 
 
@@ -110,9 +112,12 @@ def check(np, run_asm, co, meta, kernels, module, target, case, rng):
     a = Buffer(np, a_bits.size, np.uint8, 0)
     b = Buffer(np, b_bits.size, np.uint8, 0)
     a.view[:], b.view[:] = a_bits, b_bits
-    per_tensor = scales == "per_tensor"
-    a_scale_vals = rng.uniform(0.5, 2, 1 if per_tensor else m).astype(np.float32)
-    b_scale_vals = rng.uniform(0.5, 2, 1 if per_tensor else n).astype(np.float32)
+    per_tensor, block = scales == "per_tensor", scales == "blockscale"
+    groups = -(-k // 128)
+    a_len, b_len = {"per_tensor": (1, 1), "per_token": (m, n),
+                    "blockscale": (m * groups, -(-n // 128) * groups)}[scales]
+    a_scale_vals = rng.uniform(0.5, 2, a_len).astype(np.float32)
+    b_scale_vals = rng.uniform(0.5, 2, b_len).astype(np.float32)
     corrected = element == "fp8_e4m3fnuz"
     if corrected:
         check_ocp_is_twice_fnuz(np.concatenate([a_bits, b_bits]))
@@ -124,11 +129,30 @@ def check(np, run_asm, co, meta, kernels, module, target, case, rng):
     c = Buffer(np, (m - 1) * ldc + n, np.uint16, POISON16)
     av = np.stack([a_vals[i * lda:i * lda + k] for i in range(m)])
     bv = np.stack([b_vals[j * ldb:j * ldb + k] for j in range(n)])
-    sums = av @ bv.T
-    spread = np.sqrt((av * av) @ (bv * bv).T)
-    scale = (a_scale_vals[0] * b_scale_vals[0] if per_tensor
-             else np.outer(a_scale_vals.astype(np.float64), b_scale_vals.astype(np.float64)))
-    want = sums * scale
+    if block:
+        # Per 128-deep group g: a_scale[i][g] * b_scale[j / 128][g] on the group's sum.
+        a_s = a_scale_vals.astype(np.float64).reshape(m, groups)
+        b_s = np.repeat(b_scale_vals.astype(np.float64).reshape(-1, groups), 128, axis=0)[:n]
+        want = np.zeros((m, n))
+        spread2 = np.zeros((m, n))
+        magnitude = np.zeros((m, n))
+        for g in range(groups):
+            ks = slice(g * 128, min(k, g * 128 + 128))
+            s_g = np.outer(a_s[:, g], b_s[:, g])
+            part = (av[:, ks] @ bv[:, ks].T) * s_g
+            want += part
+            magnitude += np.abs(part)
+            spread2 += ((av[:, ks] ** 2) @ (bv[:, ks] ** 2).T) * s_g * s_g
+        # As the others' bound below with scale 1, and a rounding of the total per group.
+        sums, scale, spread = magnitude, 1.0, np.sqrt(spread2)
+        rounding_terms = groups + 3
+    else:
+        sums = av @ bv.T
+        spread = np.sqrt((av * av) @ (bv * bv).T)
+        scale = (a_scale_vals[0] * b_scale_vals[0] if per_tensor
+                 else np.outer(a_scale_vals.astype(np.float64), b_scale_vals.astype(np.float64)))
+        want = sums * scale
+        rounding_terms = 4
     pointers = [(c.address, "bf16", c.n), (a.address, element, a.n), (b.address, element, b.n),
                 (a_scale.address, "f32", a_scale.n), (b_scale.address, "f32", b_scale.n)]
     if bias:
@@ -144,7 +168,7 @@ def check(np, run_asm, co, meta, kernels, module, target, case, rng):
     got = from_bits(np, np.stack([c.view[i * ldc:i * ldc + n] for i in range(m)]), "bf16")
     # f32 sums (exact for int8), two f32 scalings and a bias add, then bf16's rounding.
     bound = (2.0 ** -8 * np.abs(want) + k * 2.0 ** -22 * spread * np.abs(scale)
-             + 4 * 2.0 ** -24 * np.abs(sums * scale) + 2.0 ** -130)
+             + rounding_terms * 2.0 ** -24 * np.abs(sums * scale) + 2.0 ** -130)
     err = np.abs(got - want)
     ok = bool((err <= bound).all())
     worst = float(np.max(err / bound)) if not np.isnan(err).any() else math.inf
@@ -155,7 +179,7 @@ def check(np, run_asm, co, meta, kernels, module, target, case, rng):
 
 
 def cases(module):
-    schemes = ["per_token"] if module == "gemm_a8w8" else ["per_tensor", "per_token"]
+    schemes = ["per_token"] if module == "gemm_a8w8" else ["per_tensor", "per_token", "blockscale"]
     out = []
     for scales in schemes:
         out += [

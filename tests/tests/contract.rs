@@ -560,6 +560,16 @@ fn every_gemm_requirement_is_enforced_on_both_sides_of_its_boundary() {
         held(symbol, &[("m", 8_388_480)]);
         refused(symbol, &[("m", 8_388_481)], "m must be at most 8388480");
     }
+    // The block-scaled FP8 GEMM: its scales' extents follow k's groups of 128, and its
+    // requirements are the 8-bit GEMMs'.
+    let block = "gemm_fp8_blockscale_e4m3fn_nt_bf16";
+    held(block, &[("m", 1), ("n", 1), ("k", 1)]);
+    refused(block, &[("k", 0)], "m, n and k must be at least 1");
+    refused(
+        block,
+        &[("ldb", 3)],
+        "ldb must be at least k: B's rows are [N][K]",
+    );
     let split = "gemm_a16w16_splitk_nt_bf16";
     held(split, &[("m", 1_048_560)]);
     refused(split, &[("m", 1_048_561)], "m must be at most 1048560");

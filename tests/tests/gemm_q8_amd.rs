@@ -85,7 +85,9 @@ fn q8_gemms_fit_every_amd_target_and_use_its_mfma() {
             .unwrap();
     let kernels = Bundle::open(&bundle).unwrap();
     let records = kernels.kernel_records().unwrap();
-    assert_eq!(records.len(), 2 + 4 + 4);
+    // int8: two kernels; each FP8 format: per tensor, per token and block scales, each with
+    // and without a bias.
+    assert_eq!(records.len(), 2 + 6 + 6);
 
     let mut checked = 0;
     for module in &manifest.modules {
@@ -136,7 +138,7 @@ fn q8_gemms_fit_every_amd_target_and_use_its_mfma() {
         }
     }
     // int8 on three targets, each FP8 format on one.
-    assert_eq!(checked, 2 * 3 + 4 + 4);
+    assert_eq!(checked, 2 * 3 + 6 + 6);
 }
 
 #[test]

@@ -2,7 +2,10 @@
 //!
 //! `gemm_a8w8_nt[_bias]_bf16` (int8) and `gemm_fp8_{e4m3fn,e4m3fnuz}_nt_{per_tensor,per_token}
 //! [_bias]_bf16` compute `C[i][j] = bf16(Σ_k A[i][k] B[j][k] · a_scale · b_scale (+ bias[j]))`
-//! with B stored `[N][K]`. The reference sums the same quantized values in f64 (exact for int8,
+//! with B stored `[N][K]`; `gemm_fp8_blockscale_{e4m3fn,e4m3fnuz}_nt[_bias]_bf16` scale each
+//! 128-deep group `g` of the sum by `a_scale[i][g] · b_scale[j / 128][g]` (DeepSeek-V3's 1 x 128
+//! and 128 x 128 blocks) and add the groups, each with one more f32 rounding of the running
+//! total and two of its scaling (`(G + 3) · 2⁻²⁴ · Σ_g |scaled group|`). The reference sums the same quantized values in f64 (exact for int8,
 //! and for FP8 as long as K · 2^-24 relative is under the bound below), so the kernel may
 //! differ by the f32 steps (the sum's accumulation, its conversion, two scalings, the bias:
 //! `K · 2⁻²² · spread + 4 · 2⁻²⁴ · |scaled sum|`) and the bf16 rounding (2⁻⁸ relative).
@@ -29,7 +32,13 @@ pub enum Scales {
     PerTensor,
     /// A scale per row of A (token), per row of B (output channel).
     PerToken,
+    /// A scale per row of A and 128-deep group of k, `[M][G]`; per 128 x 128 block of B,
+    /// `[ceil(N / 128)][G]`, with `G = ceil(K / 128)`.
+    Block,
 }
+
+/// The depth of a block scale's group along k, and the width of B's blocks.
+pub const SCALE_GROUP: usize = 128;
 
 /// The kernel's symbol.
 pub fn symbol(elem: ScalarType, scales: Scales, bias: bool) -> String {
@@ -38,6 +47,10 @@ pub fn symbol(elem: ScalarType, scales: Scales, bias: bool) -> String {
         (ScalarType::I8, _) => format!("gemm_a8w8_nt{bias}_bf16"),
         (_, Scales::PerTensor) => format!("gemm_{}_nt_per_tensor{bias}_bf16", elem.name()),
         (_, Scales::PerToken) => format!("gemm_{}_nt_per_token{bias}_bf16", elem.name()),
+        (_, Scales::Block) => {
+            let format = elem.name().trim_start_matches("fp8_");
+            format!("gemm_fp8_blockscale_{format}_nt{bias}_bf16")
+        }
     }
 }
 
@@ -82,9 +95,20 @@ pub fn case(
             .map(|_| f64::from(rng.random_range(0.001f32..0.02)))
             .collect()
     };
+    let groups = k.div_ceil(SCALE_GROUP);
     let (a_len, b_len) = match scales {
         Scales::PerTensor => (1, 1),
         Scales::PerToken => (m, n),
+        Scales::Block => (m * groups, n.div_ceil(SCALE_GROUP) * groups),
+    };
+    // The scale of product k of element (i, j).
+    let scale_of = |a_scale: &[f64], b_scale: &[f64], i: usize, j: usize, kk: usize| match scales {
+        Scales::PerTensor => a_scale[0] * b_scale[0],
+        Scales::PerToken => a_scale[i] * b_scale[j],
+        Scales::Block => {
+            let g = kk / SCALE_GROUP;
+            a_scale[i * groups + g] * b_scale[j / SCALE_GROUP * groups + g]
+        }
     };
     let a_scale = scale(rng, a_len);
     let b_scale = scale(rng, b_len);
@@ -95,19 +119,30 @@ pub fn case(
     });
     let mut want = vec![0.0; m * n];
     let (mut spread, mut largest) = (0.0f64, 0.0f64);
+    let depth = if scales == Scales::Block {
+        SCALE_GROUP
+    } else {
+        k
+    };
     for i in 0..m {
         for j in 0..n {
-            let (mut sum, mut squares) = (0.0, 0.0);
-            for kk in 0..k {
-                let p = a[i * lda + kk] * b[j * ldb + kk];
-                sum += p;
-                squares += p * p;
+            // Group by group (one group for the schemes without blocks): the scaled sum, the
+            // spread of its scaled products, and the sum of the groups' magnitudes.
+            let (mut scaled, mut squares, mut magnitude) = (0.0, 0.0, 0.0);
+            for start in (0..k).step_by(depth) {
+                let s = scale_of(&a_scale, &b_scale, i, j, start);
+                let mut sum = 0.0;
+                for kk in start..k.min(start + depth) {
+                    let p = a[i * lda + kk] * b[j * ldb + kk];
+                    sum += p;
+                    squares += (p * s) * (p * s);
+                }
+                scaled += sum * s;
+                magnitude += (sum * s).abs();
             }
-            let s =
-                a_scale[if a_len == 1 { 0 } else { i }] * b_scale[if b_len == 1 { 0 } else { j }];
-            spread = spread.max(squares.sqrt() * s);
-            largest = largest.max((sum * s).abs());
-            want[i * n + j] = sum * s + bias_values.as_ref().map_or(0.0, |v| v[j]);
+            spread = spread.max(squares.sqrt());
+            largest = largest.max(magnitude);
+            want[i * n + j] = scaled + bias_values.as_ref().map_or(0.0, |v| v[j]);
         }
     }
     // Exact i32 sums for int8; f32 accumulation for FP8.
@@ -116,7 +151,12 @@ pub fn case(
     } else {
         k as f64 * 2f64.powi(-22) * spread
     };
-    let abs = accumulation + 4.0 * 2f64.powi(-24) * largest + 2f64.powi(-134);
+    let roundings = if scales == Scales::Block {
+        groups + 3
+    } else {
+        4
+    };
+    let abs = accumulation + roundings as f64 * 2f64.powi(-24) * largest + 2f64.powi(-134);
     let mut args = vec![
         CaseArg::Output {
             name: "c",
@@ -170,7 +210,7 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
         let schemes: &[Scales] = if elem == ScalarType::I8 {
             &[Scales::PerToken]
         } else {
-            &[Scales::PerTensor, Scales::PerToken]
+            &[Scales::PerTensor, Scales::PerToken, Scales::Block]
         };
         for &scales in schemes {
             for (i, &(size, pad)) in SHAPES.iter().enumerate() {
@@ -192,7 +232,7 @@ mod tests {
     fn cases_cover_every_symbol_and_accept_their_reference() {
         let cases = cases(&mut StdRng::seed_from_u64(3));
         for elem in ELEMENTS {
-            for scales in [Scales::PerTensor, Scales::PerToken] {
+            for scales in [Scales::PerTensor, Scales::PerToken, Scales::Block] {
                 for bias in [false, true] {
                     let symbol = symbol(elem, scales, bias);
                     assert!(cases.iter().any(|c| c.kernel == symbol), "{symbol}");
@@ -228,6 +268,44 @@ mod tests {
         got[0] += 0.5;
         outputs[0] = Some(got);
         assert!(case.check(&outputs).is_err());
+    }
+
+    #[test]
+    fn block_scales_weigh_each_group_of_k() {
+        // k = 200: one whole group and a partial one; n = 130: two blocks of B's rows.
+        let (m, n, k) = (2, 130, 200);
+        let case = case(
+            ScalarType::Fp8E4m3fn,
+            Scales::Block,
+            false,
+            (m, n, k),
+            (0, 0, 0),
+            &mut StdRng::seed_from_u64(5),
+        );
+        let data = |name: &str| {
+            case.args
+                .iter()
+                .find_map(|a| match a {
+                    CaseArg::Input { name: n, data, .. } if *n == name => Some(data.clone()),
+                    _ => None,
+                })
+                .unwrap()
+        };
+        let (a, b, a_scale, b_scale) = (data("a"), data("b"), data("a_scale"), data("b_scale"));
+        assert_eq!((a_scale.len(), b_scale.len()), (m * 2, 2 * 2));
+        let CaseArg::Output {
+            expect: Expect::StridedClose { want, .. },
+            ..
+        } = &case.args[0]
+        else {
+            panic!("c is a strided output")
+        };
+        let (i, j) = (1, 129);
+        let group =
+            |g: std::ops::Range<usize>| g.map(|kk| a[i * k + kk] * b[j * k + kk]).sum::<f64>();
+        let expected = group(0..128) * a_scale[i * 2] * b_scale[2]
+            + group(128..200) * a_scale[i * 2 + 1] * b_scale[3];
+        assert!((want[i * n + j] - expected).abs() <= 1e-12 * expected.abs().max(1.0));
     }
 
     #[test]
