@@ -120,9 +120,10 @@ def gemm_case(kernel: str, generator: torch.Generator) -> Case:
 
 def q8_gemm_case(kernel: str, generator: torch.Generator) -> Case:
     """A call of an 8-bit GEMM (`gemm_a8w8_nt[_bias]_bf16`, `gemm_fp8_<format>_nt_{per_tensor,
-    per_token}[_bias]_bf16`): C = (A·Bᵀ) · a_scale · b_scale (+ bias) in bf16, against float64
-    from the same 8-bit values and scales."""
-    m, n, k = 37, 70, 160
+    per_token}[_bias]_bf16`, `gemm_fp8_blockscale_<format>_nt[_bias]_bf16`): C = (A·Bᵀ) · a_scale
+    · b_scale (+ bias) in bf16 (block scales: per 128-deep group), against float64 from the
+    same 8-bit values and scales."""
+    m, n, k = 37, 170, 300
     words = kernel.split("_")
 
     def uniform(*shape, low=-1.0, high=1.0):
@@ -135,14 +136,27 @@ def q8_gemm_case(kernel: str, generator: torch.Generator) -> Case:
     else:
         dtype = FP8[fp8_format(kernel)]
         a, b = uniform(m, k, low=-200, high=200).to(dtype), uniform(n, k, low=-200, high=200).to(dtype)
-        rows = (m, n) if "per_token" in kernel else (1, 1)
-        a_scale, b_scale = (uniform(r, low=0.001, high=0.01).float() for r in rows)
+        groups = -(-k // 128)
+        if "blockscale" in kernel:  # per 1x128 group of A's rows, per 128x128 block of B
+            a_scale = uniform(m, groups, low=0.001, high=0.01).float()
+            b_scale = uniform(-(-n // 128), groups, low=0.001, high=0.01).float()
+        else:
+            rows = (m, n) if "per_token" in kernel else (1, 1)
+            a_scale, b_scale = (uniform(r, low=0.001, high=0.01).float() for r in rows)
     bias = uniform(n).to(torch.bfloat16) if "bias" in words else None
     c = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
 
     def want():
-        product = a.double() @ b.double().t() if a.dtype == torch.int8 else a.float().double() @ b.float().double().t()
-        product = product * a_scale.double()[:, None] * b_scale.double()[None, :]
+        a64 = a.double() if a.dtype == torch.int8 else a.float().double()
+        b64 = b.double() if b.dtype == torch.int8 else b.float().double()
+        if "blockscale" in kernel:
+            product = torch.zeros(m, n, dtype=torch.float64, device="cuda")
+            for g in range(groups):
+                part = a64[:, 128 * g : 128 * (g + 1)] @ b64[:, 128 * g : 128 * (g + 1)].t()
+                b_block = b_scale.double()[:, g].repeat_interleave(128)[:n]
+                product += part * a_scale.double()[:, g, None] * b_block[None, :]
+        else:
+            product = (a64 @ b64.t()) * a_scale.double()[:, None] * b_scale.double()[None, :]
         return product + (bias.double() if bias is not None else 0)
 
     args = [c, a, b, a_scale, b_scale] + ([bias] if bias is not None else []) + [m, n, k, k, k, n]
