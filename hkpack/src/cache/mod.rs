@@ -31,8 +31,8 @@ use sha2::{Digest, Sha256};
 use crate::job::{outputs, parse_depfile};
 use crate::staging::{Aside, clean_leftovers};
 
-pub use remote::{Remote, RemoteOptions, RemoteReport};
 use remote::Fetched;
+pub use remote::{Remote, RemoteOptions, RemoteReport};
 
 /// Bumped whenever the layout or the key's ingredients change, so old entries are not reused.
 const CACHE_VERSION: &str = "hkpack-cache-2";
@@ -132,7 +132,10 @@ impl Cache {
             return None;
         };
         let Ok(deps) = String::from_utf8(deps) else {
-            remote.report_defect(&deps_path, &entry::Defect::NotOutputs("a file list that is not UTF-8".into()));
+            remote.report_defect(
+                &deps_path,
+                &entry::Defect::NotOutputs("a file list that is not UTF-8".into()),
+            );
             return None;
         };
         // A file the store's list names but this checkout lacks: a miss, compiled here.

@@ -190,10 +190,7 @@ impl Remote {
             .clone()
     }
 
-    fn run<T>(
-        &self,
-        operation: impl Future<Output = opendal::Result<T>>,
-    ) -> Result<T, Failure> {
+    fn run<T>(&self, operation: impl Future<Output = opendal::Result<T>>) -> Result<T, Failure> {
         let runtime = self
             .runtime
             .as_ref()

@@ -11,7 +11,9 @@ use url::Url;
 pub enum StorageError {
     #[error("remote cache URL `{url}` is not a URL ({detail}); {SCHEMES}")]
     Unparsable { url: String, detail: String },
-    #[error("remote cache URL `{url}` has scheme `{scheme}`, which hkpack does not speak; {SCHEMES}")]
+    #[error(
+        "remote cache URL `{url}` has scheme `{scheme}`, which hkpack does not speak; {SCHEMES}"
+    )]
     UnknownScheme { url: String, scheme: String },
     #[error("remote cache URL `{url}`: {detail}; {SCHEMES}")]
     Invalid { url: String, detail: String },
@@ -79,7 +81,10 @@ type Built = opendal::Result<Operator>;
 
 /// `file:///mnt/cache`: a folder, typically a shared mount.
 fn folder(url: &Url) -> Result<Built, String> {
-    if url.host_str().is_some_and(|h| !h.is_empty() && h != "localhost") {
+    if url
+        .host_str()
+        .is_some_and(|h| !h.is_empty() && h != "localhost")
+    {
         return Err("a file URL names a local path (file:///path)".into());
     }
     let path = url
