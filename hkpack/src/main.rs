@@ -114,10 +114,10 @@ struct BuildArgs {
     /// Read the remote cache but never write to it (for untrusted builds).
     #[arg(long, env = "HKPACK_CACHE_READONLY", requires = "cache_url")]
     cache_readonly: bool,
-    /// Seconds one remote cache read or write may take; past that the build goes on without
-    /// the remote.
-    #[arg(long, value_name = "SECONDS", default_value_t = RemoteOptions::DEFAULT_TIMEOUT.as_secs_f64())]
-    cache_timeout: f64,
+    /// Seconds one remote cache read or write may take (default 10); past that the build
+    /// goes on without the remote.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    cache_timeout: Option<Duration>,
     /// Run every clang and ptxas compile through this command, e.g. `sccache` (words
     /// separated by spaces).
     #[arg(long, env = "HKPACK_COMPILER_LAUNCHER", value_name = "CMD")]
@@ -167,7 +167,8 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
                 remote_cache: args.cache_url.map(|url| RemoteOptions {
                     url,
                     read_only: args.cache_readonly,
-                    timeout: Duration::try_from_secs_f64(args.cache_timeout)
+                    timeout: args
+                        .cache_timeout
                         .unwrap_or(RemoteOptions::DEFAULT_TIMEOUT),
                     // The AWS defaults, read by the S3 client itself.
                     s3_credentials: None,
@@ -313,6 +314,15 @@ fn module_files_verdict(bundle: &Bundle, dir: &Path) -> Result<ExitCode, hkpack:
         "error: the bundle's module files do not match its index; rebuild it with `hkpack build`"
     );
     Ok(ExitCode::FAILURE)
+}
+
+/// `--cache-timeout`: a positive number of seconds.
+fn seconds(text: &str) -> Result<Duration, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|s| *s > 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| format!("`{text}` is not a positive number of seconds"))
 }
 
 fn to_json(value: &impl serde::Serialize) -> String {
