@@ -81,7 +81,6 @@ pub fn write(
 ) -> Result<(PathBuf, u64), PackageError> {
     std::fs::create_dir_all(out).map_err(io_error(out))?;
     clean_leftovers(out, &[STAGING, RETIRED]);
-    let staging = Aside::create(out, STAGING).map_err(io_error(out))?;
 
     let mut manifest = BundleManifest {
         format_version: FORMAT_VERSION,
@@ -107,14 +106,16 @@ pub fn write(
     files.push((INDEX_FILE.to_owned(), Index::encode(&manifest, &abis)));
 
     let total = files.iter().map(|(_, b)| b.len() as u64).sum();
+    let dest = out.join(contents.package.bundle_name());
+    // Compared before anything is written: a no-op build of a thousand modules would
+    // otherwise write and delete thousands of files for nothing.
+    if holds_exactly(&dest, &files) {
+        return Ok((dest, total));
+    }
+    let staging = Aside::create(out, STAGING).map_err(io_error(out))?;
     for (name, bytes) in &files {
         let path = staging.path().join(name);
         std::fs::write(&path, bytes).map_err(io_error(&path))?;
-    }
-
-    let dest = out.join(contents.package.bundle_name());
-    if holds_exactly(&dest, &files) {
-        return Ok((dest, total));
     }
     replace_dir(staging, &dest)?;
     Ok((dest, total))

@@ -602,7 +602,7 @@ fn toolchain_errors_say_what_to_do() {
     let mut options = package.options();
     options.tools = ToolPaths {
         clang: Some(package.path("no/clang")),
-        ptxas: None,
+        ..ToolPaths::default()
     };
     assert_contains(
         &build_err_with(&package, &options),
