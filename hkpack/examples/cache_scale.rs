@@ -40,10 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .parent()
         .ok_or("no workspace")?;
     let targets: Vec<TargetId> = match args.next() {
-        Some(list) => list
-            .split(',')
-            .map(str::parse)
-            .collect::<Result<_, _>>()?,
+        Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
         None => Package::load(&repo.join("manifests"))?.targets,
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -112,7 +112,7 @@ struct BuildArgs {
     #[arg(long, env = "HKPACK_CACHE_URL")]
     cache_url: Option<String>,
     /// Read the remote cache but never write to it (for untrusted builds).
-    #[arg(long, env = "HKPACK_CACHE_READONLY", requires = "cache_url")]
+    #[arg(long, env = "HKPACK_CACHE_READONLY", value_parser = clap::builder::BoolishValueParser::new())]
     cache_readonly: bool,
     /// Seconds one remote cache read or write may take (default 10); past that the build
     /// goes on without the remote.
@@ -167,9 +167,7 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
                 remote_cache: args.cache_url.map(|url| RemoteOptions {
                     url,
                     read_only: args.cache_readonly,
-                    timeout: args
-                        .cache_timeout
-                        .unwrap_or(RemoteOptions::DEFAULT_TIMEOUT),
+                    timeout: args.cache_timeout.unwrap_or(RemoteOptions::DEFAULT_TIMEOUT),
                     // The AWS defaults, read by the S3 client itself.
                     s3_credentials: None,
                 }),

@@ -403,7 +403,12 @@ fn a_shared_cache_from_the_command_line_with_json_counts() {
 
     // Another machine (no local cache), untrusted: reads everything, writes nothing.
     std::fs::remove_dir_all(root.path().join(".hkpack-cache")).unwrap();
-    let warm = build(&["--cache-readonly"]);
+    let warm = Command::new(env!("CARGO_BIN_EXE_hkpack"))
+        .current_dir(root.path())
+        .args(["build", "--cache-url", &url])
+        .env("HKPACK_CACHE_READONLY", "1")
+        .output()
+        .unwrap();
     assert!(warm.status.success(), "{}", text(&warm.stderr));
     let summary = text(&warm.stdout);
     assert!(
@@ -414,7 +419,11 @@ fn a_shared_cache_from_the_command_line_with_json_counts() {
 
     let bad = build(&["--cache-url", "ftp://cache.example/hkpack"]);
     assert_eq!(bad.status.code(), Some(1));
-    assert!(text(&bad.stderr).contains("scheme `ftp`"), "{}", text(&bad.stderr));
+    assert!(
+        text(&bad.stderr).contains("scheme `ftp`"),
+        "{}",
+        text(&bad.stderr)
+    );
     let bad = build(&["--cache-timeout=0"]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(

@@ -9,6 +9,25 @@
 //!
 //! OpenDAL is asynchronous; a small Tokio runtime owned by [`Remote`] runs its operations and
 //! the build's worker threads wait on them, so no `async` reaches the rest of hkpack.
+//!
+//! ```
+//! use hkpack::cache::remote::{Fetched, Remote, RemoteOptions};
+//!
+//! let shared = tempfile::tempdir()?;
+//! let remote = Remote::open(&RemoteOptions {
+//!     url: format!("file://{}", shared.path().display()),
+//!     read_only: false,
+//!     timeout: RemoteOptions::DEFAULT_TIMEOUT,
+//!     s3_credentials: None,
+//! })?;
+//! assert!(remote.put("objects/1234", b"outputs"));
+//! assert!(matches!(remote.get("objects/1234"), Fetched::Payload(p) if p == b"outputs"));
+//! // Bytes stored under another name are refused, with a warning.
+//! std::fs::copy(shared.path().join("objects/1234"), shared.path().join("objects/5678"))?;
+//! assert!(matches!(remote.get("objects/5678"), Fetched::Defective));
+//! assert_eq!(remote.warnings().len(), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
