@@ -42,26 +42,39 @@ using hk::tile::BLayout;
 // A block's shape: a kTileM x kTileN block of C, kWavesM x kWavesN waves of kWaveRows x
 // kWaveCols each, K in steps of kTileK, kStages shared stages.
 template <unsigned kTileM_, unsigned kTileN_, unsigned kTileK_, unsigned kWavesM_,
-          unsigned kWavesN_, unsigned kNvidiaStages>
+          unsigned kWavesN_, unsigned kNvidiaStages, bool kNvidiaDynamic = false>
 struct Tiling {
   static constexpr unsigned kTileM = kTileM_, kTileN = kTileN_, kTileK = kTileK_;
   static constexpr unsigned kWavesM = kWavesM_, kWavesN = kWavesN_;
   static constexpr unsigned kThreads = kWavesM * kWavesN * hk::kWaveSize;
   static constexpr unsigned kWaveRows = kTileM / kWavesM, kWaveCols = kTileN / kWavesN;
-  // NVIDIA: cp.async stages, within the 48 KiB of static shared memory a block may have. AMD
+  // NVIDIA: cp.async stages, in static shared memory (48 KiB at most) or, when kDynamic, in
+  // the launch's dynamic shared memory (the contract's `shared` gives its size). AMD
   // double-buffers through registers.
 #if HK_AMD
   static constexpr unsigned kStages = 2;
+  static constexpr bool kDynamic = false;
 #else
   static constexpr unsigned kStages = kNvidiaStages;
+  static constexpr bool kDynamic = kNvidiaDynamic;
 #endif
 };
 
-// Four waves of 64 x 64 (64 f32 accumulators a lane on AMD, 128 on NVIDIA), 3 stages of 16 KiB.
-// On the H100 (bf16, nt; TF/s at 4096^3, 8192^3, 2048x14336x4096, 8192x4096x14336): 320, 375,
-// 308, 376, against 306, 354, 318, 362 for eight warps of 64 x 32, and 250 to 335 for 128 x 128
-// in 2 stages, 128 x 64 in 4, 64 x 128 in 4 and eight warps of 256 x 128 or 128 x 256 in 2.
-using Square = Tiling<128, 128, 32, 2, 2, 3>;
+// Four waves of 64 x 64 (64 f32 accumulators a lane on AMD, 128 on NVIDIA), 32 deep. NVIDIA:
+// 4 stages of 16 KiB in dynamic shared memory (manifests/gemm.toml's `shared`). TF/s on the
+// H100 (bf16, nt; at 4096^3, 8192^3, 2048x14336x4096, 8192x4096x14336, 2048x28672x8192,
+// 8192x6144x4096): 349, 327, 359, 378, 355, 356. In the same runs: 3 static stages (the
+// previous choice) 300-364; 5 stages 303-356; 64 deep in 3 stages 329-372 (but 255 registers:
+// the bias variants spill); 64 deep in 4 stages, one block an SM, 286-322; eight warps of
+// 64 x 64 as 128 x 256 or 256 x 128 blocks, 32 deep in 4 stages or 64 deep in 3, 259-352.
+// Every shape lands near 350: the limit is mma.sync itself (register operands only, no
+// memory, it peaks at 571-647 TF/s on that H100; cuBLAS's wgmma reaches 747-824). AMD (not
+// measured) keeps 2 stages of static LDS, so that two blocks fit a CU's 64 KiB.
+#if HK_AMD
+using Square = Tiling<128, 128, 32, 2, 2, 2>;
+#else
+using Square = Tiling<128, 128, 32, 2, 2, 4, true>;
+#endif
 // Four waves of 16 x 16 side by side, 128 deep: little work is wasted on rows past a small m,
 // and each row of B is read 256 bytes at a time. On the H100, against 16 x 128 x 32 in 5
 // stages, 16 x 128 x 64 in 2, 16 x 64 x 32 in 8, 16 x 64 x 64 in 4, 32 x 128 x 32 in 4 and
@@ -90,6 +103,25 @@ template <class Tl, typename T, BLayout kB, unsigned kProducts> struct Stage {
   hk::tile::SharedTile<T, Tl::kTileM, Tl::kTileK> a;
   BTile b[kProducts];
 };
+
+// The block's kStages stages: static shared memory, or the launch's dynamic shared memory.
+template <class StageT, unsigned kStages, bool kDynamic> HK_DEVICE StageT* stages() {
+  if constexpr (kDynamic) {
+    extern __shared__ __attribute__((aligned(16))) unsigned char dynamic_shared[];
+    return reinterpret_cast<StageT*>(dynamic_shared);
+  } else {
+    __shared__ StageT stage[kStages];
+    return stage;
+  }
+}
+
+#if HK_NVIDIA
+// The contract (manifests/gemm.toml) gives Square's kernels this much dynamic shared memory.
+static_assert(Square::kDynamic &&
+                  Square::kStages * sizeof(Stage<Square, hk::bf16, BLayout::kNK, 1>) == 65536 &&
+                  Square::kStages * sizeof(Stage<Square, hk::bf16, BLayout::kKN, 1>) == 65536,
+              "Square's stages no longer match the `shared` of manifests/gemm.toml's contract");
+#endif
 
 struct BlockTile {
   unsigned m, n;  // block row and column of C
@@ -156,7 +188,7 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
     c += i * strides.c;
   }
   using StageT = Stage<Tl, T, kB, kProducts>;
-  __shared__ StageT stage[Tl::kStages];
+  StageT* const stage = stages<StageT, Tl::kStages, Tl::kDynamic>();
   using Acc = hk::tile::Accumulators<T, Tl::kWaveRows / 16, Tl::kWaveCols / 16>;
   using Atom = typename Acc::Atom;
 

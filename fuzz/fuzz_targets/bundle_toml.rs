@@ -26,6 +26,7 @@ fuzz_target!(|bytes: &[u8]| {
             abi_file: "scale.abi.toml".into(),
             abi_sha256: Sha256Digest([0; 32]),
             entries: Vec::new(),
+            not_built: Vec::new(),
         },
     };
     if let Ok(abi) = ModuleAbi::from_toml(text, &module) {

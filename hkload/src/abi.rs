@@ -10,6 +10,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::fp8::Fp8Format;
+
 /// A value type a kernel argument can have, or that a pointer argument points to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ScalarType {
@@ -25,15 +27,25 @@ pub enum ScalarType {
     U32,
     I64,
     U64,
+    /// The 8-bit float formats ([`crate::fp8`]): each its own type, so that a buffer of one
+    /// is never taken for another.
+    Fp8E4m3fn,
+    Fp8E4m3fnuz,
+    Fp8E5m2,
+    Fp8E5m2fnuz,
 }
 
 impl ScalarType {
     /// Every scalar type, in the order the docs list them.
-    pub const ALL: [ScalarType; 12] = [
+    pub const ALL: [ScalarType; 16] = [
         Self::Bf16,
         Self::F16,
         Self::F32,
         Self::F64,
+        Self::Fp8E4m3fn,
+        Self::Fp8E4m3fnuz,
+        Self::Fp8E5m2,
+        Self::Fp8E5m2fnuz,
         Self::I8,
         Self::U8,
         Self::I16,
@@ -48,6 +60,7 @@ impl ScalarType {
     pub const fn size(self) -> u32 {
         match self {
             Self::I8 | Self::U8 => 1,
+            Self::Fp8E4m3fn | Self::Fp8E4m3fnuz | Self::Fp8E5m2 | Self::Fp8E5m2fnuz => 1,
             Self::Bf16 | Self::F16 | Self::I16 | Self::U16 => 2,
             Self::F32 | Self::I32 | Self::U32 => 4,
             Self::F64 | Self::I64 | Self::U64 => 8,
@@ -56,7 +69,37 @@ impl ScalarType {
 
     /// Whether values of this type are integers (what launch contracts compute with).
     pub const fn is_integer(self) -> bool {
-        !matches!(self, Self::Bf16 | Self::F16 | Self::F32 | Self::F64)
+        !matches!(self, Self::Bf16 | Self::F16 | Self::F32 | Self::F64) && self.fp8().is_none()
+    }
+
+    /// The FP8 format of an FP8 type.
+    pub const fn fp8(self) -> Option<Fp8Format> {
+        match self {
+            Self::Fp8E4m3fn => Some(Fp8Format::E4m3fn),
+            Self::Fp8E4m3fnuz => Some(Fp8Format::E4m3fnuz),
+            Self::Fp8E5m2 => Some(Fp8Format::E5m2),
+            Self::Fp8E5m2fnuz => Some(Fp8Format::E5m2fnuz),
+            _ => None,
+        }
+    }
+
+    /// Why a buffer of `found` cannot stand for one of `self` when both are FP8 formats of
+    /// the same width in different families (the mix-up that gives plausible garbage), for
+    /// argument errors: `None` otherwise.
+    pub fn fp8_mixup(self, found: ScalarType) -> Option<String> {
+        let (want, got) = (self.fp8()?, found.fp8()?);
+        if want.family() == got.family() || want.mantissa_bits() != got.mantissa_bits() {
+            return None;
+        }
+        Some(format!(
+            "{got} ({}, the {} encoding) is not {want} ({}, the {} encoding): the same bytes \
+             mean other values (a factor of two apart, or NaN), so convert the data to {want} \
+             or call the kernel built for {got}",
+            got.torch_dtype(),
+            got.family(),
+            want.torch_dtype(),
+            want.family()
+        ))
     }
 
     /// The spelling used in manifests and messages.
@@ -74,6 +117,10 @@ impl ScalarType {
             Self::U32 => "u32",
             Self::I64 => "i64",
             Self::U64 => "u64",
+            Self::Fp8E4m3fn => "fp8_e4m3fn",
+            Self::Fp8E4m3fnuz => "fp8_e4m3fnuz",
+            Self::Fp8E5m2 => "fp8_e5m2",
+            Self::Fp8E5m2fnuz => "fp8_e5m2fnuz",
         }
     }
 }
@@ -215,7 +262,8 @@ impl<'de> Deserialize<'de> for Param {
 
 /// A scalar argument value with its type, as passed to a launch.
 ///
-/// `bf16` and `f16` carry their raw bit patterns so hkload needs no half-precision crate.
+/// `bf16`, `f16` and the FP8 formats carry their raw bit patterns so hkload needs no
+/// half-precision crate ([`Fp8Format::encode`] makes an FP8 one).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ScalarValue {
     Bf16(u16),
@@ -230,6 +278,7 @@ pub enum ScalarValue {
     U32(u32),
     I64(i64),
     U64(u64),
+    Fp8(Fp8Format, u8),
 }
 
 impl ScalarValue {
@@ -247,6 +296,7 @@ impl ScalarValue {
             Self::U32(_) => ScalarType::U32,
             Self::I64(_) => ScalarType::I64,
             Self::U64(_) => ScalarType::U64,
+            Self::Fp8(format, _) => ScalarType::from_fp8(format),
         }
     }
 
@@ -262,27 +312,27 @@ impl ScalarValue {
             Self::U32(v) => Some(v.into()),
             Self::I64(v) => Some(v),
             Self::U64(v) => i64::try_from(v).ok(),
-            Self::Bf16(_) | Self::F16(_) | Self::F32(_) | Self::F64(_) => None,
+            Self::Bf16(_) | Self::F16(_) | Self::F32(_) | Self::F64(_) | Self::Fp8(..) => None,
         }
     }
 
-    /// The value's little-endian bytes; only the first `ty().size()` bytes are meaningful.
+    /// The value's little-endian bytes; only the first `ty().size()` bytes are meaningful
+    /// (the rest are zero). Built from the bits as one `u64`, so that packing an argument on
+    /// the launch path copies a fixed eight bytes.
     pub fn to_le_bytes(self) -> [u8; 8] {
-        let mut out = [0u8; 8];
-        let bytes: &[u8] = match &self {
-            Self::Bf16(v) | Self::F16(v) | Self::U16(v) => &v.to_le_bytes(),
-            Self::F32(v) => &v.to_le_bytes(),
-            Self::F64(v) => &v.to_le_bytes(),
-            Self::I8(v) => &v.to_le_bytes(),
-            Self::U8(v) => &v.to_le_bytes(),
-            Self::I16(v) => &v.to_le_bytes(),
-            Self::I32(v) => &v.to_le_bytes(),
-            Self::U32(v) => &v.to_le_bytes(),
-            Self::I64(v) => &v.to_le_bytes(),
-            Self::U64(v) => &v.to_le_bytes(),
+        let bits: u64 = match self {
+            Self::Bf16(v) | Self::F16(v) | Self::U16(v) => v.into(),
+            Self::F32(v) => v.to_bits().into(),
+            Self::F64(v) => v.to_bits(),
+            Self::I8(v) => u64::from(v as u8),
+            Self::U8(v) | Self::Fp8(_, v) => v.into(),
+            Self::I16(v) => u64::from(v as u16),
+            Self::I32(v) => u64::from(v as u32),
+            Self::U32(v) => v.into(),
+            Self::I64(v) => v as u64,
+            Self::U64(v) => v,
         };
-        out[..bytes.len()].copy_from_slice(bytes);
-        out
+        bits.to_le_bytes()
     }
 }
 
@@ -301,6 +351,24 @@ scalar_value_from!(
     i32 => I32, u32 => U32, i64 => I64, u64 => U64,
 );
 
+impl ScalarType {
+    /// The type of an FP8 format's elements.
+    pub const fn from_fp8(format: Fp8Format) -> Self {
+        match format {
+            Fp8Format::E4m3fn => Self::Fp8E4m3fn,
+            Fp8Format::E4m3fnuz => Self::Fp8E4m3fnuz,
+            Fp8Format::E5m2 => Self::Fp8E5m2,
+            Fp8Format::E5m2fnuz => Self::Fp8E5m2fnuz,
+        }
+    }
+}
+
+impl From<Fp8Format> for ScalarType {
+    fn from(format: Fp8Format) -> Self {
+        Self::from_fp8(format)
+    }
+}
+
 /// A kernel's declared parameter list, in order.
 pub type Signature = Vec<Param>;
 
@@ -308,7 +376,7 @@ pub type Signature = Vec<Param>;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SignatureError {
     #[error(
-        "unknown type `{0}`; expected one of bf16, f16, f32, f64, i8, u8, i16, u16, i32, u32, i64, u64"
+        "unknown type `{0}`; expected one of bf16, f16, f32, f64, fp8_e4m3fn, fp8_e4m3fnuz, fp8_e5m2, fp8_e5m2fnuz, i8, u8, i16, u16, i32, u32, i64, u64"
     )]
     UnknownType(String),
     #[error("pointer type `{0}` must say `*const T` or `*mut T`")]
@@ -322,6 +390,27 @@ pub enum SignatureError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_other_family_of_one_width_is_a_mixup() {
+        let (e4_ocp, e4_fnuz) = (ScalarType::Fp8E4m3fn, ScalarType::Fp8E4m3fnuz);
+        let text = e4_ocp.fp8_mixup(e4_fnuz).unwrap();
+        for part in [
+            "fp8_e4m3fnuz (torch.float8_e4m3fnuz, the FNUZ encoding)",
+            "fp8_e4m3fn (torch.float8_e4m3fn, the OCP encoding)",
+        ] {
+            assert!(text.contains(part), "`{part}` not in {text}");
+        }
+        assert!(e4_fnuz.fp8_mixup(e4_ocp).is_some());
+        assert!(
+            ScalarType::Fp8E5m2
+                .fp8_mixup(ScalarType::Fp8E5m2fnuz)
+                .is_some()
+        );
+        assert_eq!(e4_ocp.fp8_mixup(ScalarType::Fp8E5m2), None);
+        assert_eq!(e4_ocp.fp8_mixup(ScalarType::Fp8E5m2fnuz), None);
+        assert_eq!(e4_ocp.fp8_mixup(ScalarType::U8), None);
+    }
 
     #[test]
     fn params_round_trip_through_text() {
@@ -358,6 +447,11 @@ mod tests {
         for t in ScalarType::ALL {
             assert_eq!(t.to_string().parse::<ScalarType>(), Ok(t));
             assert!(t.size().is_power_of_two());
+        }
+        for format in Fp8Format::ALL {
+            let ty = ScalarType::from(format);
+            assert_eq!((ty.fp8(), ty.name()), (Some(format), &*format.to_string()));
+            assert!(!ty.is_integer());
         }
         let ptr: ParamType = "*const u8".parse().unwrap();
         assert_eq!((ptr.size(), ptr.align()), (8, 8));

@@ -23,9 +23,11 @@ use crate::index::lookup::{KernelAt, Module, Table};
 use crate::index::{INDEX_FILE, Index};
 use crate::launch::{Arg, ArgLayout, Launched};
 use crate::manifest::{
-    BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ManifestError, Sha256Digest,
+    BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ManifestError, NotBuilt, Package,
+    Sha256Digest,
 };
 use crate::offload;
+use crate::package_set::{self, FoundPackage};
 use crate::select::{Selection, choose, select};
 use crate::signing::{PublicKey, SIGNATURE_FILE, SignatureError, SignatureFile};
 use crate::target::{EntryId, TargetId};
@@ -85,7 +87,11 @@ struct Inner {
 
 /// Where the bundle's files are read from, when they are needed.
 enum Source {
+    /// The bundle folder, every module file whole.
     Dir,
+    /// An index package (the origin) and the target packages found beside it on a search path
+    /// ([`crate::package_set`]): each code image is read from its target's package.
+    Packages(Vec<FoundPackage>),
     /// The files by name. The names are `'static`, as `include_bytes!`'s bytes are, so that
     /// opening copies none. Copying the repo bundle's 18 names into strings made an embedded
     /// open with cold caches take 9.7 µs on the development machine, against 8.2 to 9.2 µs
@@ -93,7 +99,7 @@ enum Source {
     Embedded(Vec<(&'static str, &'static [u8])>),
 }
 
-/// A module file, mapped on first use.
+/// A module file, mapped on first use: per module, and for a split bundle per package too.
 struct ModuleFile {
     bytes: OnceLock<Result<FileBytes, Error>>,
 }
@@ -144,6 +150,67 @@ impl Bundle {
             Source::Embedded(files.to_vec()),
             options,
         )
+    }
+
+    /// Opens the bundle `name` (`hk-kernels-0.1.0`) from the first folder of `dirs` that holds
+    /// it whole (`<name>/`) or its index package (`<name>-index/`); with an index package, each
+    /// target's package (`<name>-gfx942/`) is taken from the first folder that holds it, and
+    /// the code objects are chosen from those present, as from one bundle. A target package
+    /// split from another build is refused, naming both. See [`crate::package_set`].
+    ///
+    /// ```no_run
+    /// // HKLOAD_PATH=/opt/hk-kernels:/usr/share/hk-kernels
+    /// let dirs = hkload::package_set::search_path_from_env();
+    /// let bundle = hkload::Bundle::open_search_path("hk-kernels-0.1.0", &dirs, Default::default())?;
+    /// print!("{}", bundle.explain(&"gfx942:sramecc+:xnack-".parse()?));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_search_path(
+        name: &str,
+        dirs: &[impl AsRef<Path>],
+        options: OpenOptions,
+    ) -> Result<Self> {
+        let dirs: Vec<PathBuf> = dirs.iter().map(|d| d.as_ref().to_owned()).collect();
+        let Some((origin, whole)) = package_set::find_index(name, &dirs) else {
+            return Err(Error::NotOnSearchPath {
+                name: name.to_owned(),
+                dirs,
+            });
+        };
+        if whole {
+            return Self::open_with(origin, options);
+        }
+        let bundle = Self::read(origin, Source::Packages(Vec::new()), options)?;
+        let (package, version) = bundle.table().package();
+        let package = Package {
+            name: package.to_owned(),
+            version: version.to_owned(),
+        };
+        let digest = bundle.index_digest();
+        let mut found = Vec::new();
+        for target in bundle.table().build_targets() {
+            if let Some(dir) = package_set::find_target_package(name, &target, &dirs) {
+                found.push(package_set::check_target_package(
+                    &dir,
+                    &target,
+                    &package,
+                    &digest,
+                    &bundle.inner.origin,
+                )?);
+            }
+        }
+        let Inner {
+            origin,
+            index,
+            options,
+            ..
+        } = Arc::into_inner(bundle.inner).expect("the bundle was not shared yet");
+        Ok(Self::assemble(
+            origin,
+            Source::Packages(found),
+            index,
+            options,
+        ))
     }
 
     fn read(origin: PathBuf, source: Source, options: OpenOptions) -> Result<Self> {
@@ -198,14 +265,17 @@ impl Bundle {
                 })?;
         }
         let index = Index::open(bytes, options.verifies()).map_err(index_error(&origin))?;
-        let modules = index
-            .table()
-            .modules()
-            .map(|_| ModuleFile {
-                bytes: OnceLock::new(),
-            })
-            .collect();
-        Ok(Self {
+        Ok(Self::assemble(origin, source, index, options))
+    }
+
+    fn assemble(origin: PathBuf, source: Source, index: Index, options: OpenOptions) -> Self {
+        let files = index.table().modules().len() * source.file_sets();
+        let modules = std::iter::repeat_with(|| ModuleFile {
+            bytes: OnceLock::new(),
+        })
+        .take(files)
+        .collect();
+        Self {
             inner: Arc::new(Inner {
                 origin,
                 source,
@@ -213,6 +283,54 @@ impl Bundle {
                 modules,
                 options,
             }),
+        }
+    }
+
+    /// The digest the index records of itself: what identifies this build of the bundle, and
+    /// what its split packages record.
+    pub fn index_digest(&self) -> Sha256Digest {
+        self.inner.index.digest()
+    }
+
+    /// For a bundle opened from packages, the package folder holding code image `entry`, or
+    /// `None` when no package of its target was found; for a bundle folder, the folder itself
+    /// (every entry is there); for an embedded bundle, `<embedded>`.
+    pub fn package_of(&self, entry: &EntryId) -> Option<&Path> {
+        match &self.inner.source {
+            Source::Dir | Source::Embedded(_) => Some(&self.inner.origin),
+            Source::Packages(found) => found
+                .iter()
+                .find(|p| p.target == entry.target())
+                .map(|p| p.dir.as_path()),
+        }
+    }
+
+    /// The entries of `module` whose code is at hand: all of them, but for a bundle opened from
+    /// packages, those whose target's package was found.
+    fn present_entries(&self, module: &Module<'_>) -> Vec<EntryId> {
+        let mut ids = module.entry_ids();
+        if let Source::Packages(found) = &self.inner.source {
+            ids.retain(|id| found.iter().any(|p| p.target == id.target()));
+        }
+        ids
+    }
+
+    /// For a bundle opened from packages, the package that would serve `device` better than
+    /// those present (the one holding what a whole bundle would choose), if it is missing.
+    fn missing_package(&self, module: &Module<'_>, device: &TargetId) -> Option<MissingPackage> {
+        if !matches!(self.inner.source, Source::Packages(_)) {
+            return None;
+        }
+        let ids = module.entry_ids();
+        let (best, _) = choose(device, &ids)?;
+        let best = ids[best];
+        if self.package_of(&best).is_some() {
+            return None;
+        }
+        let (name, version) = self.table().package();
+        Some(MissingPackage {
+            target: best.target(),
+            name: package_set::target_package_name(&format!("{name}-{version}"), &best.target()),
         })
     }
 
@@ -263,15 +381,39 @@ impl Bundle {
             .map_err(index_error(&inner.origin))
     }
 
-    /// For each module, which entry would run on `device` and why every other was passed over.
+    /// For each module, which entry would run on `device` and why every other was passed over,
+    /// and for a module with none, whether it is not built for the device by design (and why).
     /// No driver is involved: this works on any machine.
+    ///
+    /// The reasons come from the manifest, decoded here; an index whose manifest does not
+    /// decode gives an explanation without them (and fails at [`Bundle::load`]).
     pub fn explain(&self, device: &TargetId) -> Explanation {
         let modules = self
             .table()
             .modules()
-            .map(|module| ModuleChoice {
-                module: module.name().to_owned(),
-                selection: select(device, &module.entry_ids()),
+            .enumerate()
+            .map(|(index, module)| {
+                let selection = select(device, &self.present_entries(&module));
+                let missing_package = self.missing_package(&module, device);
+                // Not built by design only when the whole bundle has nothing for the device
+                // either, not when the package holding its code is missing.
+                let not_built = match (selection.chosen(), &missing_package) {
+                    (None, None) => self.not_built_for(index, device).ok().flatten().cloned(),
+                    _ => None,
+                };
+                let package = match (&self.inner.source, selection.chosen()) {
+                    (Source::Packages(_), Some((entry, _))) => {
+                        self.package_of(entry).map(Path::to_owned)
+                    }
+                    _ => None,
+                };
+                ModuleChoice {
+                    module: module.name().to_owned(),
+                    missing_package,
+                    selection,
+                    not_built,
+                    package,
+                }
             })
             .collect();
         Explanation {
@@ -281,26 +423,46 @@ impl Bundle {
     }
 
     /// Chooses the code object of every module for `device`, failing if any module has none
-    /// that can run there. Modules are loaded on first use of one of their kernels (or all at
-    /// once with [`LoadedBundle::preload`]).
+    /// that can run there, unless its manifest skips the device's target on purpose: such a
+    /// module is absent, and looking up one of its kernels says why. Modules are loaded on
+    /// first use of one of their kernels (or all at once with [`LoadedBundle::preload`]).
     pub fn load(&self, device: &Device) -> Result<LoadedBundle> {
         let target = device.target();
         let table = self.table();
         let mut modules = Vec::with_capacity(table.modules().len());
         for (index, module) in table.modules().enumerate() {
-            let ids = module.entry_ids();
+            let ids = self.present_entries(&module);
             // The choice alone is cheap; the explanation is worked out only for an error.
-            let Some((chosen, _)) = choose(target, &ids) else {
-                return Err(Error::NoCodeObject {
-                    module: module.name().to_owned(),
-                    device: *target,
-                    available: ids.iter().map(EntryId::to_string).collect(),
-                    explanation: select(target, &ids).to_string(),
-                });
+            let choice = match choose(target, &ids) {
+                Some((chosen, _)) => Choice::Entry(ids[chosen]),
+                None => {
+                    let missing = self.missing_package(&module, target);
+                    // Not built by design only when the whole bundle has nothing for the device
+                    // either, not when the package holding its code is missing.
+                    let not_built = match missing {
+                        None => self.not_built_for(index, target)?,
+                        Some(_) => None,
+                    };
+                    if let Some(not_built) = not_built {
+                        Choice::NotBuilt(not_built.clone())
+                    } else {
+                        let mut explanation = select(target, &ids).to_string();
+                        if let Some(missing) = missing {
+                            explanation.push('\n');
+                            explanation.push_str(&missing.to_string());
+                        }
+                        return Err(Error::NoCodeObject {
+                            module: module.name().to_owned(),
+                            device: *target,
+                            available: ids.iter().map(EntryId::to_string).collect(),
+                            explanation,
+                        });
+                    }
+                }
             };
             modules.push(ModuleSlot {
                 index,
-                entry: ids[chosen],
+                choice,
                 loaded: OnceLock::new(),
             });
         }
@@ -313,23 +475,58 @@ impl Bundle {
         })
     }
 
+    /// The target module `index` skips on purpose that would have served `device`, if any. It
+    /// reads the manifest, so it is asked only for a module with no code for the device.
+    fn not_built_for(&self, index: usize, device: &TargetId) -> Result<Option<&NotBuilt>> {
+        let record = self
+            .manifest()?
+            .modules
+            .get(index)
+            .ok_or_else(|| Error::Mismatch {
+                what: format!("module {index} of the index's lookup table"),
+                detail: "the index's manifest does not list it".into(),
+            })?;
+        Ok(NotBuilt::serving(device, &record.not_built))
+    }
+
     /// The bytes of the code image `entry` of module `index`, after the checks the options ask
     /// for: borrowed from the mapped file if it is a plain bundle, decompressed (only as far as
     /// the entry) if it is compressed.
-    fn code_image(&self, index: usize, entry: &EntryId) -> Result<Cow<'_, [u8]>> {
+    ///
+    /// The image's SHA-256 is left to the caller as an [`ImageCheck`] when verification is on:
+    /// it may hash while the driver loads.
+    fn code_image(
+        &self,
+        index: usize,
+        entry: &EntryId,
+    ) -> Result<(Cow<'_, [u8]>, Option<ImageCheck>)> {
         let inner = &*self.inner;
         let module = self
             .table()
             .module(index)
             .expect("modules are only loaded from the table's own list");
-        let path = inner.origin.join(module.file());
-        let bytes = inner.modules[index]
+        // Which copy of the module file holds the entry: the bundle's, or its target package's.
+        let (set, folder) = match &inner.source {
+            Source::Dir | Source::Embedded(_) => (0, inner.origin.as_path()),
+            Source::Packages(found) => found
+                .iter()
+                .enumerate()
+                .find(|(_, p)| p.target == entry.target())
+                .map(|(set, p)| (set, p.dir.as_path()))
+                .expect("entries are only chosen from the packages found"),
+        };
+        let path = folder.join(module.file());
+        let whole = !matches!(inner.source, Source::Packages(_));
+        let slot = set * self.table().modules().len() + index;
+        let bytes = inner.modules[slot]
             .bytes
             .get_or_init(|| {
-                let bytes = open_module_file(&path, &module, &inner.source)?;
+                let bytes = open_module_file(&path, &module, &inner.source, whole)?;
                 // A signed bundle is checked whole, every byte of its module files too (they
                 // are small when compressed); otherwise only what reaches the driver, below.
-                if !inner.options.trusted_keys.is_empty() {
+                // A target package's module file is not in the index: its images are, and
+                // are checked below, as every image is.
+                if whole && !inner.options.trusted_keys.is_empty() {
                     let record =
                         self.manifest()?
                             .modules
@@ -372,10 +569,15 @@ impl Bundle {
         // The image alone is hashed, not the file: it is every byte that reaches the driver,
         // and a plain bundle is often several times larger than the one image a device needs.
         // The rest of the file is checked by its format (header, zero padding).
-        if inner.options.verifies() {
-            check_sha256(&image, &expected.sha256, &what())?;
-        }
-        Ok(image)
+        let check = inner.options.verifies().then(|| ImageCheck {
+            expected: expected.sha256,
+            what: what(),
+            // Signed or pinned, the bytes may be an adversary's: none reaches the driver's
+            // parser before its digest is checked. Verifying alone guards against damage.
+            before_load: !inner.options.trusted_keys.is_empty()
+                || inner.options.expect_digest.is_some(),
+        });
+        Ok((image, check))
     }
 }
 
@@ -389,9 +591,35 @@ impl Source {
     /// 3.2 against 4.7 µs on the H100 machine).
     fn read(&self, path: &Path, name: &str) -> std::io::Result<FileBytes> {
         match self {
-            Self::Dir => std::fs::read(path).map(FileBytes::from),
+            Self::Dir | Self::Packages(_) => std::fs::read(path).map(FileBytes::from),
             Self::Embedded(files) => embedded(files, name).map(FileBytes::from),
         }
+    }
+}
+
+impl Source {
+    /// How many copies of each module file there can be: one, or one per target package.
+    fn file_sets(&self) -> usize {
+        match self {
+            Self::Dir | Self::Embedded(_) => 1,
+            Self::Packages(found) => found.len(),
+        }
+    }
+}
+
+/// A target package a bundle opened from packages lacks: the one holding the code object a
+/// whole bundle would give the device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MissingPackage {
+    pub target: TargetId,
+    /// The package's folder name: `hk-kernels-0.1.0-gfx950`.
+    pub name: String,
+}
+
+impl std::fmt::Display for MissingPackage {
+    /// What to install: `no package for gfx950: install hk-kernels-0.1.0-gfx950`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no package for {}: install {}", self.target, self.name)
     }
 }
 
@@ -425,18 +653,26 @@ fn index_error(origin: &Path) -> impl FnOnce(ManifestError) -> Error + '_ {
 /// for 661 KB, each then copied once as the driver does), but slower on the H100 machine:
 /// `cuModuleLoadData` plus a first launch of a 661 KB cubin read that way took 248 and 353 µs
 /// against 228 and 344 µs mapped, in two runs of `gpu_bench` (medians of 400).
-fn open_module_file(path: &Path, module: &Module<'_>, source: &Source) -> Result<FileBytes> {
+///
+/// `whole` is false for a target package's copy, which holds some of the module's entries:
+/// the index records no size of it.
+fn open_module_file(
+    path: &Path,
+    module: &Module<'_>,
+    source: &Source,
+    whole: bool,
+) -> Result<FileBytes> {
     let io = |e: std::io::Error| Error::Io {
         path: path.to_owned(),
         detail: e.to_string(),
     };
     let bytes = match source {
-        Source::Dir => FileBytes::map(path).map_err(io)?,
+        Source::Dir | Source::Packages(_) => FileBytes::map(path).map_err(io)?,
         Source::Embedded(files) => embedded(files, module.file()).map_err(io)?.into(),
     };
     let len = bytes.len() as u64;
     let what = || format!("module file {}", path.display());
-    if len != module.size() {
+    if whole && len != module.size() {
         return Err(Error::Mismatch {
             what: what(),
             detail: format!("it is {len} bytes, the manifest says {}", module.size()),
@@ -452,6 +688,65 @@ fn open_module_file(path: &Path, module: &Module<'_>, source: &Source) -> Result
         });
     }
     Ok(bytes)
+}
+
+/// The SHA-256 a code image must have, checked before the driver loads it or while it does.
+struct ImageCheck {
+    expected: Sha256Digest,
+    what: String,
+    /// Whether the image must be hashed before the driver sees it (signed or pinned bundles).
+    before_load: bool,
+}
+
+/// Images smaller than this are hashed before the load, on the loading thread, where starting
+/// a thread would cost more than it hides: on the development machine (SHA extensions) SHA-256
+/// ran at 2.09 GB/s (661 KiB in 323 µs), so 64 KiB take about 31 µs, and a scoped thread's
+/// start and join took 23 µs (median of 200).
+const CONCURRENT_HASH_FROM: usize = 64 * 1024;
+
+impl ImageCheck {
+    fn run(&self, image: &[u8]) -> Result<()> {
+        check_sha256(image, &self.expected, &self.what)
+    }
+}
+
+/// Loads `image` on `device` after `check`, if any: hashed first for a signed or pinned bundle
+/// or a small image; otherwise hashed on another thread while the driver loads it, the module
+/// unloaded again if the digest is wrong. Either way nothing is launched from a module whose
+/// image did not pass: the caller gets its handle only after the check.
+///
+/// Why concurrently: hashing a 661 KB cubin took longer than `cuModuleLoadData` of it on the
+/// H100 machine (`gpu_bench`: a verified cold start 5.07x the raw load, 1.4x unverified), and
+/// the two need nothing from each other.
+fn load_checked(
+    device: &Device,
+    kind: crate::driver::ImageKind,
+    image: &[u8],
+    check: Option<&ImageCheck>,
+) -> Result<ModuleHandle> {
+    let load = || device.driver().load_module(device.ordinal(), kind, image);
+    let Some(check) = check else {
+        return Ok(load()?);
+    };
+    if check.before_load || image.len() < CONCURRENT_HASH_FROM {
+        check.run(image)?;
+        return Ok(load()?);
+    }
+    let (hashed, loaded) = std::thread::scope(|scope| {
+        let hashing = scope.spawn(|| check.run(image));
+        let loaded = load();
+        (hashing.join(), loaded)
+    });
+    let hashed = hashed.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    match (hashed, loaded) {
+        (Ok(()), loaded) => Ok(loaded?),
+        (Err(error), Ok(handle)) => {
+            // The module was never handed out; a failed unload leaves nothing to recover.
+            let _ = device.driver().unload_module(handle);
+            Err(error)
+        }
+        (Err(error), Err(_)) => Err(error),
+    }
 }
 
 fn check_sha256(bytes: &[u8], expected: &Sha256Digest, what: &str) -> Result<()> {
@@ -476,12 +771,26 @@ pub struct Explanation {
 pub struct ModuleChoice {
     pub module: String,
     pub selection: Selection,
+    /// When no entry runs on the device: the target the module skips on purpose that would
+    /// have served it, and the manifest's reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_built: Option<NotBuilt>,
+    /// For a bundle opened from packages: the package the chosen code object comes from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub package: Option<PathBuf>,
+    /// For a bundle opened from packages: the missing package that holds what a whole bundle
+    /// would choose (`hk-kernels-0.1.0-gfx950`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub missing_package: Option<MissingPackage>,
 }
 
 impl Explanation {
-    /// Whether every module has a code object that runs on the device.
+    /// Whether [`Bundle::load`] would succeed: every module has a code object that runs on the
+    /// device, or is not built for it by design.
     pub fn is_servable(&self) -> bool {
-        self.modules.iter().all(|m| m.selection.chosen().is_some())
+        self.modules
+            .iter()
+            .all(|m| m.selection.chosen().is_some() || m.not_built.is_some())
     }
 }
 
@@ -489,9 +798,28 @@ impl std::fmt::Display for Explanation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "device {}", self.device)?;
         for module in &self.modules {
-            writeln!(f, "module {}:", module.module)?;
+            match &module.not_built {
+                Some(not_built) => writeln!(
+                    f,
+                    "module {} is not built for {}: {}",
+                    module.module, not_built.target, not_built.reason
+                )?,
+                None => writeln!(f, "module {}:", module.module)?,
+            }
             for line in module.selection.to_string().lines() {
                 writeln!(f, "  {line}")?;
+            }
+            if let Some(package) = &module.package {
+                writeln!(f, "  from package {}", package.display())?;
+            }
+            match (&module.missing_package, module.selection.chosen()) {
+                (Some(missing), None) => writeln!(f, "  {missing}")?,
+                (Some(missing), Some(_)) => writeln!(
+                    f,
+                    "  {}, which is not installed, holds a better code object for {}",
+                    missing.name, self.device
+                )?,
+                (None, _) => {}
             }
         }
         Ok(())
@@ -513,8 +841,16 @@ struct LoadedInner {
 
 struct ModuleSlot {
     index: usize,
-    entry: EntryId,
+    choice: Choice,
     loaded: OnceLock<Result<Arc<LoadedModule>, Error>>,
+}
+
+/// What a module offers the device.
+enum Choice {
+    /// The code image the device runs.
+    Entry(EntryId),
+    /// Nothing, by design: the module's manifest skips the target that would serve it.
+    NotBuilt(NotBuilt),
 }
 
 /// A module loaded on a device; unloaded when the last kernel taken from it is dropped.
@@ -536,7 +872,8 @@ impl LoadedBundle {
         &self.inner.device
     }
 
-    /// The entry chosen for `module`, if the bundle has that module.
+    /// The entry chosen for `module`, if the bundle has that module and it is built for the
+    /// device.
     pub fn chosen_entry(&self, module: &str) -> Option<&EntryId> {
         let index = self
             .inner
@@ -545,13 +882,19 @@ impl LoadedBundle {
             .modules()
             .position(|m| m.name() == module)?;
         // Slots are in module order.
-        Some(&self.inner.modules[index].entry)
+        match &self.inner.modules[index].choice {
+            Choice::Entry(entry) => Some(entry),
+            Choice::NotBuilt(_) => None,
+        }
     }
 
-    /// Loads every module now rather than on first use.
+    /// Loads every module now rather than on first use (all but those not built for the
+    /// device).
     pub fn preload(&self) -> Result<()> {
         for slot in &self.inner.modules {
-            self.module(slot)?;
+            if let Choice::Entry(entry) = &slot.choice {
+                self.module(slot, entry)?;
+            }
         }
         Ok(())
     }
@@ -561,7 +904,21 @@ impl LoadedBundle {
         let (module_index, record) = self.inner.bundle.kernel_location(symbol)?;
         // Slots are in module order.
         let slot = &self.inner.modules[module_index];
-        let abi = kernel_abi(record, &slot.entry)?;
+        let entry = match &slot.choice {
+            Choice::Entry(entry) => entry,
+            Choice::NotBuilt(not_built) => {
+                return Err(Error::NotBuilt {
+                    kernel: symbol.to_owned(),
+                    module: self.inner.bundle.table().module(module_index).map_or_else(
+                        || format!("#{module_index}"),
+                        |module| module.name().to_owned(),
+                    ),
+                    target: not_built.target,
+                    reason: not_built.reason.clone(),
+                });
+            }
+        };
+        let abi = kernel_abi(record, entry)?;
         let layout = ArgLayout::new(
             &record.args,
             abi,
@@ -572,7 +929,7 @@ impl LoadedBundle {
             what: format!("kernel `{symbol}`"),
             detail,
         })?;
-        let module = self.module(slot)?;
+        let module = self.module(slot, entry)?;
         let function = self.inner.device.driver().function(module.handle, symbol)?;
         Ok(Kernel {
             inner: Arc::new(KernelInner {
@@ -585,16 +942,13 @@ impl LoadedBundle {
         })
     }
 
-    fn module(&self, slot: &ModuleSlot) -> Result<Arc<LoadedModule>> {
+    /// Module `slot`, whose chosen entry is `entry`, loaded on first use.
+    fn module(&self, slot: &ModuleSlot, entry: &EntryId) -> Result<Arc<LoadedModule>> {
         slot.loaded
             .get_or_init(|| {
                 let device = &self.inner.device;
-                let image = self.inner.bundle.code_image(slot.index, &slot.entry)?;
-                let handle = device.driver().load_module(
-                    device.ordinal(),
-                    slot.entry.image_kind(),
-                    &image,
-                )?;
+                let (image, check) = self.inner.bundle.code_image(slot.index, entry)?;
+                let handle = load_checked(device, entry.image_kind(), &image, check.as_ref())?;
                 Ok(Arc::new(LoadedModule {
                     device: device.clone(),
                     handle,

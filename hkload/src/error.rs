@@ -32,6 +32,25 @@ pub enum Error {
         found: String,
     },
 
+    #[error(
+        "no bundle {name} on the search path ({}): no folder holds {name}/ or {name}-index/; install the bundle or its index package, or add its folder to {}",
+        dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+        crate::package_set::SEARCH_PATH_VAR
+    )]
+    NotOnSearchPath { name: String, dirs: Vec<PathBuf> },
+
+    #[error(
+        "package {} is {package_is}, but the index at {} is {index_is}: every package of a set must be split from the same build; install the matching package",
+        package.display(),
+        index.display()
+    )]
+    ForeignPackage {
+        package: PathBuf,
+        package_is: String,
+        index: PathBuf,
+        index_is: String,
+    },
+
     #[error("bundle manifest {}: {source}", path.display())]
     Manifest {
         path: PathBuf,
@@ -61,6 +80,16 @@ pub enum Error {
         device: TargetId,
         available: Vec<String>,
         explanation: String,
+    },
+
+    #[error("kernel `{kernel}` (module `{module}`) is not built for {target}, by design: {reason}")]
+    NotBuilt {
+        kernel: String,
+        module: String,
+        /// The build target that would have served the device.
+        target: TargetId,
+        /// The module manifest's reason.
+        reason: String,
     },
 
     #[error("the bundle has no kernel `{name}`{}", suggest(known))]
@@ -105,6 +134,8 @@ pub enum LaunchError {
         index: usize,
         param: String,
         expected: String,
+        /// What was given, and for an FP8 buffer of the other encoding family why that is
+        /// worse than it looks.
         found: String,
     },
 

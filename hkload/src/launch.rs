@@ -124,7 +124,10 @@ pub const MAX_KERNARG_SIZE: u32 = 32 * 1024;
 /// target, the kernel's contract, and the limits its launches are checked against.
 #[derive(Debug)]
 pub(crate) struct ArgLayout {
-    params: Vec<(Param, u32)>,
+    /// The declared signature, for messages and the contract.
+    params: Vec<Param>,
+    /// Where each parameter goes, by increasing offset: the launch path's compact view.
+    slots: Vec<Slot>,
     size: usize,
     limits: Limits,
     contract: Option<(Contract, Program)>,
@@ -132,18 +135,30 @@ pub(crate) struct ArgLayout {
     memo: Mutex<Memo>,
 }
 
+/// One parameter as the launch path reads it.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    /// The parameter's place in the signature (and of its argument in a call).
+    index: usize,
+    /// Byte offset in the packed arguments of the code for the device's target.
+    offset: u32,
+    ty: ParamType,
+}
+
 /// What the contract said for the last scalar arguments it was evaluated with. It is a pure
 /// function of them (the facts are fixed per kernel), and serving code calls a kernel with the
 /// same shape again and again: a repeated call compares its values and buffer lengths with
-/// these and evaluates nothing (`gpu_bench` on the H200 machine: `Kernel::call` went from
-/// 1.145x to 1.058x raw `cuLaunchKernel`, in two runs on two machines).
+/// these, in the pass that packs the arguments, and evaluates nothing (`gpu_bench` on the H200
+/// machine: `Kernel::call` went from 1.145x to 1.058x raw `cuLaunchKernel`, in two runs on two
+/// machines).
 #[derive(Debug, Default)]
 struct Memo {
     /// Whether the rest holds a successful evaluation.
     valid: bool,
     scalars: Vec<i64>,
     /// The contract's launch shape, if that evaluation computed it (`call` does, `launch`
-    /// with explicit dimensions does not).
+    /// with explicit dimensions does not); it passed [`ArgLayout::check_dims`] before it was
+    /// remembered.
     shape: Option<LaunchDims>,
     /// Elements each parameter must hold (0 for values).
     extents: Vec<u64>,
@@ -170,8 +185,30 @@ pub(crate) enum Launched<R> {
     Empty(LaunchDims),
 }
 
+/// What evaluating a contract gave: the launch shape (when asked for) and the elements each
+/// parameter must hold (0 for values).
+struct Evaluated {
+    shape: Option<LaunchDims>,
+    extents: [u64; MAX_PARAMS],
+}
+
+/// Whether a shape has no blocks to run (a contract's grid over zero rows, say).
+fn is_empty(dims: &LaunchDims) -> bool {
+    dims.grid.contains(&0) && dims.block.iter().all(|&b| b > 0)
+}
+
+/// Writes an argument's eight bytes (its value, then zeros) at `offset`: one fixed-size move
+/// instead of a copy of the argument's own size. Arguments are packed by increasing offset
+/// into a buffer with eight bytes of slack, so the zeros past a short argument land in the
+/// padding or the next argument's place, which is written after it, or in the slack.
+#[inline(always)]
+fn put(packed: &mut [u8], offset: u32, bytes: [u8; 8]) {
+    let at = offset as usize;
+    packed[at..at + 8].copy_from_slice(&bytes);
+}
+
 /// A packed argument buffer this small lives on the stack; larger ones (rare) on the heap.
-const INLINE_ARGS: usize = 256;
+const INLINE_ARGS: usize = 120;
 
 impl ArgLayout {
     /// Pairs the declared signature with the argument offsets of the code for `target`, and
@@ -197,16 +234,20 @@ impl ArgLayout {
                 abi.target, abi.kernarg_size
             ));
         }
-        let params: Vec<(Param, u32)> = signature
+        let mut slots: Vec<Slot> = signature
             .iter()
-            .cloned()
-            .zip(abi.arg_offsets.iter().copied())
+            .zip(&abi.arg_offsets)
+            .enumerate()
+            .map(|(index, (param, &offset))| Slot {
+                index,
+                offset,
+                ty: param.ty,
+            })
             .collect();
-        let mut by_offset: Vec<&(Param, u32)> = params.iter().collect();
-        by_offset.sort_by_key(|(_, offset)| *offset);
+        slots.sort_by_key(|slot| slot.offset);
         let mut end = 0u64;
-        for (param, offset) in by_offset {
-            let offset = u64::from(*offset);
+        for slot in &slots {
+            let (param, offset) = (&signature[slot.index], u64::from(slot.offset));
             if offset % u64::from(param.ty.align()) != 0 {
                 return Err(format!(
                     "`{param}` sits at offset {offset} in the code for {}, not a multiple of its alignment",
@@ -239,7 +280,8 @@ impl ArgLayout {
             TargetId::Nvidia(_) => Vendor::Nvidia,
         };
         Ok(Self {
-            params,
+            params: signature.to_vec(),
+            slots,
             size: end as usize,
             limits: Limits {
                 vendor,
@@ -268,6 +310,10 @@ impl ArgLayout {
     /// Checks `args` (and `dims`, or computes them from the contract when `None`), packs the
     /// arguments, and hands the shape and packed bytes to `launch`. A contract whose grid is
     /// empty (no rows to work on, say) launches nothing.
+    ///
+    /// This is every launch's path, so it makes one pass over the arguments: each is checked
+    /// against its parameter, packed, and compared with the memo; only a miss evaluates the
+    /// contract.
     pub(crate) fn check_and_pack<R>(
         &self,
         kernel: &str,
@@ -276,50 +322,135 @@ impl ArgLayout {
         args: &[Arg<'_>],
         launch: impl FnOnce(&LaunchDims, &[u8]) -> R,
     ) -> Result<Launched<R>, LaunchError> {
-        if args.len() != self.params.len() {
+        if args.len() != self.slots.len() {
             return Err(LaunchError::ArgCount {
                 kernel: kernel.to_owned(),
-                expected: self.params.len(),
+                expected: self.slots.len(),
                 found: args.len(),
                 signature: self.signature(),
             });
         }
-        let mut inline = [0u8; INLINE_ARGS];
+        // Eight bytes of slack past the arguments: see `put`.
+        let mut inline = [0u8; INLINE_ARGS + 8];
         let mut heap = Vec::new();
         let packed: &mut [u8] = if self.size <= INLINE_ARGS {
-            &mut inline[..self.size]
+            &mut inline[..self.size + 8]
         } else {
-            heap.resize(self.size, 0);
+            heap.resize(self.size + 8, 0);
             &mut heap
         };
-        let mut values = [0i64; MAX_PARAMS];
-        for (index, ((param, offset), arg)) in self.params.iter().zip(args).enumerate() {
-            let bytes = argument_bytes(param, arg, device).map_err(|mismatch| {
-                let (kernel, param) = (kernel.to_owned(), param.to_string());
-                match mismatch {
-                    ArgMismatch::Type => LaunchError::ArgType {
-                        kernel,
-                        index,
-                        param,
-                        expected: describe_param(self.params[index].0.ty),
-                        found: arg.describe(),
-                    },
-                    ArgMismatch::Device(found) => LaunchError::ArgDevice {
-                        kernel,
-                        index,
-                        param,
-                        expected: device.ordinal(),
-                        found,
-                    },
-                    ArgMismatch::Driver => LaunchError::ArgDriver {
-                        kernel,
-                        index,
-                        param,
-                        expected: device.driver().api(),
-                    },
+        // A busy memo (another thread launching the kernel) is a miss, never a wait.
+        let memo = match self.contract {
+            Some(_) => self.memo.try_lock().ok().filter(|memo| memo.valid),
+            None => None,
+        };
+        let mut remembered = memo.is_some();
+        for slot in &self.slots {
+            let (index, arg) = (slot.index, &args[slot.index]);
+            let bytes = argument_bytes(slot.ty, arg, device)
+                .map_err(|mismatch| self.mismatch(kernel, device, index, arg, mismatch))?;
+            put(packed, slot.offset, bytes);
+            if let Some(memo) = &memo {
+                remembered &= match arg {
+                    Arg::Scalar(value) => {
+                        !value.ty().is_integer() || value.as_i64() == Some(memo.scalars[index])
+                    }
+                    _ => arg
+                        .len()
+                        .is_some_and(|len| len as u64 >= memo.extents[index]),
+                };
+            }
+        }
+        let remembered = memo
+            .and_then(|memo| dims.copied().or(memo.shape))
+            .filter(|_| remembered);
+        let (dims, checked) = match (remembered, &self.contract) {
+            // The contract's own shape was checked before it was remembered; a caller's is not.
+            (Some(shape), _) => (shape, dims.is_none()),
+            (None, Some((contract, program))) => {
+                let values = self.contract_values(kernel, args)?;
+                let evaluated =
+                    self.check_contract(kernel, contract, program, &values, dims, args)?;
+                let shape = dims
+                    .copied()
+                    .or(evaluated.shape)
+                    .unwrap_or(LaunchDims::linear(0, 0));
+                if !is_empty(&shape) {
+                    self.check_dims(kernel, &shape)?;
                 }
-            })?;
-            if let (Arg::Scalar(value), Some(slot)) = (arg, values.get_mut(index))
+                if let Ok(mut memo) = self.memo.try_lock() {
+                    memo.valid = true;
+                    memo.scalars.copy_from_slice(&values[..self.slots.len()]);
+                    memo.shape = evaluated.shape;
+                    memo.extents
+                        .copy_from_slice(&evaluated.extents[..self.slots.len()]);
+                }
+                (shape, true)
+            }
+            (None, None) => (
+                *dims.ok_or_else(|| LaunchError::NoContract {
+                    kernel: kernel.to_owned(),
+                })?,
+                false,
+            ),
+        };
+        if self.contract.is_some() && is_empty(&dims) {
+            return Ok(Launched::Empty(dims));
+        }
+        if !checked {
+            self.check_dims(kernel, &dims)?;
+        }
+        Ok(Launched::Done(dims, launch(&dims, &packed[..self.size])))
+    }
+
+    /// The error for an argument that does not fit its parameter: off the hot path.
+    #[cold]
+    fn mismatch(
+        &self,
+        kernel: &str,
+        device: &Device,
+        index: usize,
+        arg: &Arg<'_>,
+        mismatch: ArgMismatch,
+    ) -> LaunchError {
+        let (kernel, param) = (kernel.to_owned(), self.params[index].to_string());
+        match mismatch {
+            ArgMismatch::Type => LaunchError::ArgType {
+                kernel,
+                index,
+                param,
+                expected: describe_param(self.params[index].ty),
+                found: match fp8_mixup(self.params[index].ty, arg) {
+                    Some(why) => format!("{}: {why}", arg.describe()),
+                    None => arg.describe(),
+                },
+            },
+            ArgMismatch::Device(found) => LaunchError::ArgDevice {
+                kernel,
+                index,
+                param,
+                expected: device.ordinal(),
+                found,
+            },
+            ArgMismatch::Driver => LaunchError::ArgDriver {
+                kernel,
+                index,
+                param,
+                expected: device.driver().api(),
+            },
+        }
+    }
+
+    /// The integer scalars of `args` by parameter index (0 for the other parameters), as the
+    /// contract reads them.
+    fn contract_values(
+        &self,
+        kernel: &str,
+        args: &[Arg<'_>],
+    ) -> Result<[i64; MAX_PARAMS], LaunchError> {
+        let mut values = [0i64; MAX_PARAMS];
+        for ((param, arg), slot) in self.params.iter().zip(args).zip(&mut values) {
+            if let Arg::Scalar(value) = arg
                 && value.ty().is_integer()
             {
                 *slot = value.as_i64().ok_or_else(|| LaunchError::Contract {
@@ -333,24 +464,8 @@ impl ArgLayout {
                     ),
                 })?;
             }
-            let start = *offset as usize;
-            let size = param.ty.size() as usize;
-            // In bounds: ArgLayout::new checked every parameter's end against the size.
-            packed[start..start + size].copy_from_slice(&bytes[..size]);
         }
-        let dims = match &self.contract {
-            Some((contract, program)) => {
-                self.check_contract(kernel, contract, program, &values, dims, args)?
-            }
-            None => *dims.ok_or_else(|| LaunchError::NoContract {
-                kernel: kernel.to_owned(),
-            })?,
-        };
-        if dims.grid.contains(&0) && dims.block.iter().all(|&b| b > 0) && self.contract.is_some() {
-            return Ok(Launched::Empty(dims));
-        }
-        self.check_dims(kernel, &dims)?;
-        Ok(Launched::Done(dims, launch(&dims, packed)))
+        Ok(values)
     }
 
     /// Evaluates the contract for one call: its requirements, the launch shape (unless the
@@ -363,20 +478,8 @@ impl ArgLayout {
         values: &[i64],
         dims: Option<&LaunchDims>,
         args: &[Arg<'_>],
-    ) -> Result<LaunchDims, LaunchError> {
-        let values = &values[..self.params.len().min(values.len())];
-        if let Ok(memo) = self.memo.try_lock() {
-            let shape = dims.copied().or(memo.shape);
-            let fits = || {
-                args.iter()
-                    .zip(&memo.extents)
-                    .all(|(arg, &needed)| arg.len().is_none_or(|given| given as u64 >= needed))
-            };
-            if let Some(shape) = shape.filter(|_| memo.valid && memo.scalars == values && fits()) {
-                return Ok(shape);
-            }
-            // A miss, or a buffer too short: evaluated below, which explains the refusal.
-        }
+    ) -> Result<Evaluated, LaunchError> {
+        let values = &values[..self.params.len()];
         let mut run = program.run(values, &self.facts);
         let fail = |error: EvalError, run: &mut Run<'_>| match error {
             EvalError::Unmet { index } => {
@@ -414,13 +517,13 @@ impl ArgLayout {
         // Every extent first, so that one that cannot be computed is reported before a
         // buffer too short for another.
         let mut extents = [0u64; MAX_PARAMS];
-        for (index, (param, _)) in self.params.iter().enumerate() {
+        for (index, param) in self.params.iter().enumerate() {
             match run.extent(index, &param.name) {
                 Ok(needed) => extents[index] = needed.unwrap_or(0),
                 Err(error) => return Err(fail(error, &mut run)),
             }
         }
-        for (index, ((param, _), arg)) in self.params.iter().zip(args).enumerate() {
+        for (index, (param, arg)) in self.params.iter().zip(args).enumerate() {
             let (needed, given) = (extents[index], arg.len().unwrap_or(0));
             if (given as u64) < needed {
                 let extent = contract
@@ -441,13 +544,7 @@ impl ArgLayout {
                 });
             }
         }
-        if let Ok(mut memo) = self.memo.try_lock() {
-            memo.valid = true;
-            memo.scalars.copy_from_slice(values);
-            memo.shape = shape;
-            memo.extents.copy_from_slice(&extents[..values.len()]);
-        }
-        Ok(dims.copied().or(shape).unwrap_or(LaunchDims::linear(0, 0)))
+        Ok(Evaluated { shape, extents })
     }
 
     fn check_dims(&self, kernel: &str, dims: &LaunchDims) -> Result<(), LaunchError> {
@@ -507,7 +604,7 @@ impl ArgLayout {
     }
 
     fn signature(&self) -> String {
-        let params: Vec<String> = self.params.iter().map(|(p, _)| p.to_string()).collect();
+        let params: Vec<String> = self.params.iter().map(Param::to_string).collect();
         format!("({})", params.join(", "))
     }
 }
@@ -529,8 +626,9 @@ enum ArgMismatch {
 }
 
 /// The bytes `arg` contributes for `param`, if it fits the declaration.
-fn argument_bytes(param: &Param, arg: &Arg<'_>, device: &Device) -> Result<[u8; 8], ArgMismatch> {
-    let pointer = |ptr: DevicePtr, on: usize, elem: ScalarType, writable: bool| match param.ty {
+#[inline(always)]
+fn argument_bytes(ty: ParamType, arg: &Arg<'_>, device: &Device) -> Result<[u8; 8], ArgMismatch> {
+    let pointer = |ptr: DevicePtr, on: usize, elem: ScalarType, writable: bool| match ty {
         ParamType::Pointer { pointee, mutable } if pointee == elem && (writable || !mutable) => {
             if on == device.ordinal() {
                 Ok(ptr.0.to_le_bytes())
@@ -557,7 +655,7 @@ fn argument_bytes(param: &Param, arg: &Arg<'_>, device: &Device) -> Result<[u8; 
             Ok(bytes)
         }),
         Arg::Raw(r) => pointer(r.ptr, r.device, r.elem, r.mutable),
-        Arg::Scalar(value) => match param.ty {
+        Arg::Scalar(value) => match ty {
             ParamType::Scalar(t) if t == value.ty() => Ok(value.to_le_bytes()),
             _ => Err(ArgMismatch::Type),
         },
@@ -567,6 +665,20 @@ fn argument_bytes(param: &Param, arg: &Arg<'_>, device: &Device) -> Result<[u8; 
 /// Whether two handles are the same driver instance (not merely the same kind of driver).
 fn same(a: &Arc<dyn Driver>, b: &Arc<dyn Driver>) -> bool {
     std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+}
+
+/// Why `arg` is worse than a plain type mismatch for a parameter of type `ty`: an FP8 buffer
+/// of the other encoding family ([`ScalarType::fp8_mixup`]).
+fn fp8_mixup(ty: ParamType, arg: &Arg<'_>) -> Option<String> {
+    let ParamType::Pointer { pointee, .. } = ty else {
+        return None;
+    };
+    let found = match arg {
+        Arg::Buffer(b) | Arg::BufferMut(b) => b.elem(),
+        Arg::Raw(r) => r.elem,
+        Arg::Scalar(_) => return None,
+    };
+    pointee.fp8_mixup(found)
 }
 
 fn describe_param(ty: ParamType) -> String {

@@ -4,7 +4,7 @@
 //! readable record, for people and other tools (`hkpack inspect` reads the index too).
 //!
 //! ```toml
-//! format_version = "1.3"
+//! format_version = "1.4"
 //! targets = ["gfx90a", "gfx942", "gfx950", "sm_80", "sm_90"]
 //!
 //! [package]
@@ -61,9 +61,10 @@ pub const ABI_EXTENSION: &str = "abi.toml";
 ///
 /// 1.1 added the index, `bundle.msgpack` (see [`crate::index`]), 1.2 its lookup table, and
 /// 1.3 kernels' launch contracts ([`crate::contract`]) and the index's version string under its
-/// digest; hkload reads 1.1 and 1.2 indexes too (their kernels launch only with explicit
-/// dimensions), and no bundle without an index (see [`crate::bundle`]).
-pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 3 };
+/// digest, 1.4 the targets a module is not built for ([`ModuleRecord::not_built`]); hkload
+/// reads 1.1 and 1.2 indexes too (their kernels launch only with explicit dimensions), and no
+/// bundle without an index (see [`crate::bundle`]).
+pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 4 };
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -136,6 +137,19 @@ pub struct ModuleRecord {
     pub abi_sha256: Sha256Digest,
     #[serde(rename = "entry")]
     pub entries: Vec<EntryRecord>,
+    /// The build targets the module opted out of, with the manifest's reason (since 1.4). Left
+    /// out when empty, so a bundle that skips nothing still reads with a 1.3 hkload.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_built: Vec<NotBuilt>,
+}
+
+/// A build target a module is not built for, by design: its manifest's `skip_targets`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotBuilt {
+    pub target: TargetId,
+    /// Why, in the manifest author's words ("no FP8 tensor-core instruction before sm_89").
+    pub reason: String,
 }
 
 /// One code image in a module file, keyed by its full entry ID.
@@ -147,6 +161,25 @@ pub struct EntryRecord {
     pub size: u64,
     /// SHA-256 of the code image.
     pub sha256: Sha256Digest,
+}
+
+impl NotBuilt {
+    /// Of the targets a module is not built for, the one that would have served `device`
+    /// (the one whose code the device would choose, were it built), if any.
+    pub fn serving<'a>(device: &TargetId, not_built: &'a [Self]) -> Option<&'a Self> {
+        let candidates: Vec<(EntryId, &Self)> = not_built
+            .iter()
+            .flat_map(|skipped| {
+                skipped
+                    .target
+                    .entry_ids()
+                    .into_iter()
+                    .map(move |id| (id, skipped))
+            })
+            .collect();
+        let ids: Vec<EntryId> = candidates.iter().map(|(id, _)| *id).collect();
+        crate::select::choose(device, &ids).map(|(chosen, _)| candidates[chosen].1)
+    }
 }
 
 /// A module's ABI file: every kernel of the module with its signature and per-target ABI.

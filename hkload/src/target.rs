@@ -589,6 +589,17 @@ pub enum EntryId {
     Ptx(SmArch),
 }
 
+impl TargetId {
+    /// The entries a build for this target can make: an AMD code object, or an NVIDIA cubin and
+    /// PTX. What a target a module skips would have offered a device.
+    pub fn entry_ids(self) -> Vec<EntryId> {
+        match self {
+            Self::Amd(target) => vec![EntryId::AmdCodeObject(target)],
+            Self::Nvidia(arch) => vec![EntryId::Cubin(arch), EntryId::Ptx(arch)],
+        }
+    }
+}
+
 impl EntryId {
     /// The target the image is built for.
     pub fn target(&self) -> TargetId {

@@ -167,6 +167,7 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
         .map(Remote::open)
         .transpose()?;
     let cache = Cache::with_remote(&options.cache_dir, remote)?;
+    let left_out = modules_without_targets(&package, &targets)?;
     let jobs = plan(&package, &targets);
 
     let bar = progress_bar(options.progress, jobs.len() as u64);
@@ -200,8 +201,14 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
         Some((report, warnings)) => (Some(report), warnings),
         None => (None, Vec::new()),
     };
+    warnings.extend(left_out);
     warnings.extend(outputs.iter().flat_map(|o| o.warnings.clone()));
-    let mut per_module: Vec<_> = package.modules.iter().map(|m| (m, Vec::new())).collect();
+    let mut per_module: Vec<_> = package
+        .modules
+        .iter()
+        .filter(|m| targets.iter().any(|t| !m.skip_targets.contains_key(t)))
+        .map(|m| (m, Vec::new()))
+        .collect();
     for (job, output) in jobs.iter().zip(outputs) {
         if let Some((_, code)) = per_module
             .iter_mut()
@@ -210,6 +217,7 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
             code.push(output.code);
         }
     }
+    let modules = per_module.len();
     let contents = BundleContents {
         package: &package,
         toolchain: ToolchainRecord {
@@ -242,9 +250,47 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
         elapsed: started.elapsed(),
         ptx_only,
         warnings,
-        modules: package.modules.len(),
+        modules,
         targets: targets.len(),
     })
+}
+
+/// A module that skips every target of the build (`--arch gfx942` and an FP8 module for OCP
+/// targets, say) has no code in it: it is left out of the bundle, with a warning naming its
+/// reasons. A build of which every module is left out is an error: it would ship nothing.
+fn modules_without_targets(package: &Package, targets: &[TargetId]) -> Result<Vec<String>, Error> {
+    let mut warnings = Vec::new();
+    for module in &package.modules {
+        if targets.iter().all(|t| module.skip_targets.contains_key(t)) {
+            let reasons: Vec<String> = targets
+                .iter()
+                .map(|t| format!("{t}: {}", module.skip_targets[t]))
+                .collect();
+            warnings.push(format!(
+                "module `{}` is left out of the bundle: it skips every target of this build ({})",
+                module.name,
+                reasons.join("; ")
+            ));
+        }
+    }
+    if warnings.len() == package.modules.len() {
+        let (line, column) = package.modules.first().map_or((1, 1), |m| m.name_at);
+        let names: Vec<String> = targets.iter().map(ToString::to_string).collect();
+        return Err(crate::manifest::ManifestError {
+            path: package
+                .modules
+                .first()
+                .map_or_else(|| package.dir.clone(), |m| m.manifest.clone()),
+            line,
+            column,
+            message: format!(
+                "every module skips every target of this build ({}); build at least one target they support (`--arch`)",
+                names.join(", ")
+            ),
+        }
+        .into());
+    }
+    Ok(warnings)
 }
 
 fn progress_bar(wanted: bool, len: u64) -> ProgressBar {

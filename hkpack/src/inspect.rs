@@ -132,6 +132,24 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
+/// A line per target a module skips on purpose, with the manifest's reason: "module fp8_gemm
+/// is not built for sm_80: no FP8 tensor-core instruction before sm_89".
+pub fn not_built(bundle: &Bundle) -> Result<Vec<String>, hkload::Error> {
+    Ok(bundle
+        .manifest()?
+        .modules
+        .iter()
+        .flat_map(|module| {
+            module.not_built.iter().map(|skipped| {
+                format!(
+                    "module {} is not built for {}: {}",
+                    module.name, skipped.target, skipped.reason
+                )
+            })
+        })
+        .collect())
+}
+
 /// One kernel whole: its signature, its contract, and its rows of the table.
 #[derive(Debug, Clone, Serialize)]
 pub struct KernelView {

@@ -57,11 +57,15 @@ pub mod outputs {
 /// The signature probe's source while it runs, in the job's output folder.
 const PROBE: &str = "probe.hip";
 
-/// Every job of a build, modules in manifest order, targets in the order requested.
+/// Every job of a build, modules in manifest order, targets in the order requested, but for
+/// the targets a module skips.
 pub fn plan<'p>(package: &'p Package, targets: &[TargetId]) -> Vec<Job<'p>> {
     let mut jobs = Vec::with_capacity(package.modules.len() * targets.len());
     for module in &package.modules {
         for target in targets {
+            if module.skip_targets.contains_key(target) {
+                continue;
+            }
             let mut job = Job {
                 module,
                 target: *target,

@@ -16,6 +16,7 @@ pub mod probe;
 pub mod provenance;
 pub mod sign;
 pub mod signature;
+pub mod split;
 pub mod staging;
 pub mod toolchain;
 pub mod verify;

@@ -78,6 +78,15 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
+    /// Split a bundle into an index package and one package per target, written next to it
+    /// (<name>-<version>-index/, <name>-<version>-<target>/), for hkload's search path.
+    Split {
+        /// The bundle folder (holding bundle.msgpack).
+        bundle: PathBuf,
+        /// Where the packages go (default: the folder holding the bundle).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Explain which code object of each module a device would run, and why the others not.
     Explain {
         /// The bundle folder (holding bundle.msgpack).
@@ -132,6 +141,9 @@ struct BuildArgs {
     /// slower to load: hkload then decompresses the image (milliseconds) where it would map it.
     #[arg(long)]
     compress: bool,
+    /// Also split the bundle into per-target packages next to it (as `hkpack split` does).
+    #[arg(long)]
+    split: bool,
     /// Print nothing but errors: no progress bars, no summary.
     #[arg(short, long)]
     quiet: bool,
@@ -193,6 +205,9 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
             } else if !args.quiet {
                 emit(&format!("{report}\n"));
             }
+            if args.split {
+                split(&report.bundle, None, args.quiet)?;
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Inspect {
@@ -215,7 +230,12 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
                     emit(&if json {
                         to_json(&rows)
                     } else {
-                        inspect::table(&rows)
+                        let mut text = inspect::table(&rows);
+                        for line in inspect::not_built(&bundle)? {
+                            text.push_str(&line);
+                            text.push('\n');
+                        }
+                        text
                     });
                 }
             }
@@ -275,6 +295,10 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Split { bundle, out } => {
+            split(&bundle, out, false)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Explain {
             bundle: dir,
             target,
@@ -296,6 +320,24 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
             Ok(module_files_verdict(&bundle, &dir)?)
         }
     }
+}
+
+/// Splits the bundle folder `bundle` into packages in `out` (default: beside it), and says
+/// which unless `quiet`.
+fn split(bundle: &Path, out: Option<PathBuf>, quiet: bool) -> Result<(), hkpack::Error> {
+    let out = out.unwrap_or_else(|| {
+        bundle
+            .parent()
+            .filter(|parent| !parent.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), Path::to_owned)
+    });
+    let packages = hkpack::split::split(bundle, &out)?;
+    if !quiet {
+        for package in packages {
+            emit(&format!("wrote {}\n", package.display()));
+        }
+    }
+    Ok(())
 }
 
 /// What `inspect` and `explain` print comes from the index; they fail if the module files it

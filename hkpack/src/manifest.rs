@@ -55,6 +55,9 @@ pub struct Module {
     pub no_spills: bool,
     pub kernels: Vec<KernelDecl>,
     pub overrides: BTreeMap<TargetId, TargetOverride>,
+    /// `skip_targets`: the targets the module is not built for, each with the reason the
+    /// bundle records and `explain` prints (FP8 kernels have no code before sm_89).
+    pub skip_targets: BTreeMap<TargetId, String>,
 }
 
 /// A kernel the module promises, with its declared signature.
@@ -129,6 +132,9 @@ struct RawModule {
     contract: Option<contract::RawContract>,
     #[serde(default)]
     no_spills: bool,
+    /// Target name to the reason the module is not built for it.
+    #[serde(default)]
+    skip_targets: BTreeMap<Spanned<String>, Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -459,6 +465,23 @@ impl Module {
                 },
             );
         }
+        let mut skip_targets = BTreeMap::new();
+        for (target, reason) in &raw.module.skip_targets {
+            let id = file.target(target)?;
+            if reason.get_ref().trim().is_empty() {
+                return Err(file.error(
+                    reason.span(),
+                    format!("say why module `{name}` is not built for {id}: the bundle records the reason and `explain` prints it"),
+                ));
+            }
+            if overrides.contains_key(&id) {
+                return Err(file.error(
+                    target.span(),
+                    format!("module `{name}` skips {id} but also has a [target.{id}] override for it; remove one"),
+                ));
+            }
+            skip_targets.insert(id, reason.get_ref().clone());
+        }
         let name_at = file.error(raw.module.name.span(), "");
         Ok(Self {
             name: name.clone(),
@@ -470,6 +493,7 @@ impl Module {
             no_spills: raw.module.no_spills,
             kernels,
             overrides,
+            skip_targets,
         })
     }
 }

@@ -10,8 +10,8 @@ use hkload::code_object::KernelFacts;
 use hkload::index::{INDEX_FILE, Index};
 use hkload::manifest::{
     ABI_EXTENSION, BundleManifest, EntryRecord, FORMAT_VERSION, KernelAbi, KernelRecord,
-    MANIFEST_FILE, ModuleAbi, ModuleRecord, Package as PackageRecord, Provenance, Sha256Digest,
-    Toolchain as ToolchainRecord,
+    MANIFEST_FILE, ModuleAbi, ModuleRecord, NotBuilt, Package as PackageRecord, Provenance,
+    Sha256Digest, Toolchain as ToolchainRecord,
 };
 use hkload::offload;
 use hkload::select::choose;
@@ -79,9 +79,6 @@ pub fn write(
     out: &Path,
     cache: &Cache,
 ) -> Result<(PathBuf, u64), PackageError> {
-    std::fs::create_dir_all(out).map_err(io_error(out))?;
-    clean_leftovers(out, &[STAGING, RETIRED]);
-
     let mut manifest = BundleManifest {
         format_version: FORMAT_VERSION,
         targets: contents.targets.clone(),
@@ -96,7 +93,8 @@ pub fn write(
     let mut files = Vec::new();
     let mut abis = Vec::new();
     for (module, code) in &contents.modules {
-        let (record, bytes, abi) = module_files(module, code, contents.compress, cache)?;
+        let (record, bytes, abi) =
+            module_files(module, code, &contents.targets, contents.compress, cache)?;
         files.push((record.file.clone(), bytes));
         files.push((record.abi_file.clone(), abi.to_toml().into_bytes()));
         manifest.modules.push(record);
@@ -106,25 +104,38 @@ pub fn write(
     files.push((INDEX_FILE.to_owned(), Index::encode(&manifest, &abis)));
 
     let total = files.iter().map(|(_, b)| b.len() as u64).sum();
-    let dest = out.join(contents.package.bundle_name());
-    // Compared before anything is written: a no-op build of a thousand modules would
-    // otherwise write and delete thousands of files for nothing.
-    if holds_exactly(&dest, &files) {
-        return Ok((dest, total));
+    let dest = write_folder(out, &contents.package.bundle_name(), &files)?;
+    Ok((dest, total))
+}
+
+/// Writes `files` (name, bytes) as the folder `out/<name>`, assembled in a staging folder and
+/// moved into place whole, and returns the folder. A folder that already holds exactly these
+/// bytes is left untouched.
+pub fn write_folder(
+    out: &Path,
+    name: &str,
+    files: &[(String, Vec<u8>)],
+) -> Result<PathBuf, PackageError> {
+    std::fs::create_dir_all(out).map_err(io_error(out))?;
+    clean_leftovers(out, &[STAGING, RETIRED]);
+    let dest = out.join(name);
+    if holds_exactly(&dest, files) {
+        return Ok(dest);
     }
     let staging = Aside::create(out, STAGING).map_err(io_error(out))?;
-    for (name, bytes) in &files {
+    for (name, bytes) in files {
         let path = staging.path().join(name);
         std::fs::write(&path, bytes).map_err(io_error(&path))?;
     }
     replace_dir(staging, &dest)?;
-    Ok((dest, total))
+    Ok(dest)
 }
 
 /// A module's record for the manifest, its bundle file and its ABI.
 fn module_files(
     module: &Module,
     code: &[TargetCode],
+    targets: &[TargetId],
     compress: bool,
     cache: &Cache,
 ) -> Result<(ModuleRecord, Vec<u8>, ModuleAbi), PackageError> {
@@ -165,6 +176,16 @@ fn module_files(
         abi_file: format!("{}.{ABI_EXTENSION}", module.name),
         abi_sha256: Sha256Digest::of(abi_toml.as_bytes()),
         entries,
+        not_built: targets
+            .iter()
+            .filter_map(|target| {
+                let reason = module.skip_targets.get(target)?;
+                Some(NotBuilt {
+                    target: *target,
+                    reason: reason.clone(),
+                })
+            })
+            .collect(),
     };
     Ok((record, bytes, abi))
 }

@@ -143,6 +143,11 @@ fn scalar(spelling: &str) -> Option<ScalarType> {
         "unsigned int" => ScalarType::U32,
         "long" | "long long" => ScalarType::I64,
         "unsigned long" | "unsigned long long" => ScalarType::U64,
+        // hk/fp8.h's scoped enums, one per format.
+        "enum hk::fp8_e4m3fn" => ScalarType::Fp8E4m3fn,
+        "enum hk::fp8_e4m3fnuz" => ScalarType::Fp8E4m3fnuz,
+        "enum hk::fp8_e5m2" => ScalarType::Fp8E5m2,
+        "enum hk::fp8_e5m2fnuz" => ScalarType::Fp8E5m2fnuz,
         _ => return None,
     })
 }
@@ -183,6 +188,8 @@ mod tests {
                 None
             ]
         );
+        let fp8 = manifest_type("const enum hk::fp8_e4m3fnuz *__restrict").map(|t| t.to_string());
+        assert_eq!(fp8.as_deref(), Some("*const fp8_e4m3fnuz"));
         assert_eq!(kernels["a"][1].spelling, "const _Float16 *__restrict");
         assert!(types("b").is_empty());
         assert_eq!(kernels.len(), 2);

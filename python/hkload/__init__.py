@@ -39,7 +39,11 @@ from .errors import (
     UnknownKernelError,
 )
 
+# The element types whose values are floats (a Python float or int as a scalar argument).
+FLOAT_DTYPES = ("bf16", "f16", "f32", "f64", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_e5m2", "fp8_e5m2fnuz")
+
 __all__ = [
+    "FLOAT_DTYPES",
     "Bundle",
     "BundleError",
     "Device",

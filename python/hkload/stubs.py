@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from . import Bundle, Signature
+from . import FLOAT_DTYPES, Bundle, Signature
 
 # What each parameter kind accepts, as Python types.
 MEMORY = "Memory"
@@ -28,7 +28,7 @@ def method(signature: Signature) -> str:
     for param in signature.params:
         if param.is_pointer:
             kind = MEMORY
-        elif param.dtype in ("bf16", "f16", "f32", "f64"):
+        elif param.dtype in FLOAT_DTYPES:
             kind = FLOAT
         else:
             kind = INTEGER

@@ -19,7 +19,7 @@ import string
 
 import torch
 
-from . import Kernels, Signature
+from . import FLOAT_DTYPES, Kernels, Signature
 
 # Libraries must outlive their ops: torch removes a library's registrations when it is freed.
 _libraries: list[torch.library.Library] = []
@@ -34,7 +34,7 @@ def schema(signature: Signature) -> str:
     for param in signature.params:
         if param.is_pointer:
             kind = f"Tensor({next(aliases)}!)" if param.mutable else "Tensor"
-        elif param.dtype in ("bf16", "f16", "f32", "f64"):
+        elif param.dtype in FLOAT_DTYPES:
             kind = "float"
         else:
             kind = "SymInt"

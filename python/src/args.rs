@@ -162,9 +162,16 @@ fn scalar(ty: ScalarType, object: &Bound<'_, PyAny>) -> PyResult<Result<ScalarVa
         ScalarType::F32 => ScalarValue::F32(value as f32),
         ScalarType::F16 => ScalarValue::F16(half::f16::from_f64(value).to_bits()),
         ScalarType::Bf16 => ScalarValue::Bf16(half::bf16::from_f64(value).to_bits()),
-        _ => unreachable!("integer types took the branch above"),
+        // Through f32, as the kernels convert (rounding twice differs from rounding once only
+        // for f64 values within 2^-29 relative of a tie).
+        _ => match ty.fp8() {
+            Some(format) => ScalarValue::Fp8(format, format.encode(value as f32)),
+            None => unreachable!("integer types took the branch above"),
+        },
     };
     let overflows = match converted {
+        // The conversion saturates; a caller's value past the largest is refused all the same.
+        ScalarValue::Fp8(format, _) => value.abs() > f64::from(format.max()),
         ScalarValue::F32(v) => v.is_infinite(),
         ScalarValue::F16(bits) => half::f16::from_bits(bits).is_infinite(),
         ScalarValue::Bf16(bits) => half::bf16::from_bits(bits).is_infinite(),

@@ -132,7 +132,8 @@ fn is_row_major(shape: &[i64], strides: &[i64]) -> bool {
     true
 }
 
-/// DLPack's type codes (`DLDataTypeCode`): int 0, uint 1, float 2, bfloat 4; one lane.
+/// DLPack's type codes (`DLDataTypeCode`): int 0, uint 1, float 2, bfloat 4, and since DLPack
+/// 1.1 the FP8 formats (e4m3fn 10, e4m3fnuz 11, e5m2 12, e5m2fnuz 13); one lane.
 fn scalar_type(dtype: &DLDataType) -> Option<ScalarType> {
     Some(match (dtype.code, dtype.bits, dtype.lanes) {
         (4, 16, 1) => ScalarType::Bf16,
@@ -147,6 +148,10 @@ fn scalar_type(dtype: &DLDataType) -> Option<ScalarType> {
         (1, 32, 1) => ScalarType::U32,
         (0, 64, 1) => ScalarType::I64,
         (1, 64, 1) => ScalarType::U64,
+        (10, 8, 1) => ScalarType::Fp8E4m3fn,
+        (11, 8, 1) => ScalarType::Fp8E4m3fnuz,
+        (12, 8, 1) => ScalarType::Fp8E5m2,
+        (13, 8, 1) => ScalarType::Fp8E5m2fnuz,
         _ => return None,
     })
 }

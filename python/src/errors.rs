@@ -57,8 +57,10 @@ pub(crate) fn to_py(error: Error) -> PyErr {
         | Error::Format { .. }
         | Error::Mismatch { .. }
         | Error::Signature { .. }
-        | Error::Pinned { .. } => Exception::Bundle,
-        Error::NoCodeObject { .. } => Exception::NoCodeObject,
+        | Error::Pinned { .. }
+        | Error::NotOnSearchPath { .. }
+        | Error::ForeignPackage { .. } => Exception::Bundle,
+        Error::NoCodeObject { .. } | Error::NotBuilt { .. } => Exception::NoCodeObject,
         Error::UnknownKernel { .. } => Exception::UnknownKernel,
         Error::Driver(_) | Error::NoSuchDevice { .. } => Exception::Driver,
         Error::Launch(launch) => launch_exception(launch),

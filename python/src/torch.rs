@@ -20,8 +20,9 @@ pub(crate) struct Torch {
     current_stream: Option<Py<PyAny>>,
 }
 
-/// torch's dtype names for hkload's scalar types (`uint16` and wider came with torch 2.3).
-const DTYPES: [(&str, ScalarType); 12] = [
+/// torch's dtype names for hkload's scalar types (`uint16` and wider came with torch 2.3, the
+/// FP8 types with 2.1).
+const DTYPES: [(&str, ScalarType); 16] = [
     ("bfloat16", ScalarType::Bf16),
     ("float16", ScalarType::F16),
     ("float32", ScalarType::F32),
@@ -34,6 +35,10 @@ const DTYPES: [(&str, ScalarType); 12] = [
     ("uint32", ScalarType::U32),
     ("int64", ScalarType::I64),
     ("uint64", ScalarType::U64),
+    ("float8_e4m3fn", ScalarType::Fp8E4m3fn),
+    ("float8_e4m3fnuz", ScalarType::Fp8E4m3fnuz),
+    ("float8_e5m2", ScalarType::Fp8E5m2),
+    ("float8_e5m2fnuz", ScalarType::Fp8E5m2fnuz),
 ];
 
 impl Torch {

@@ -60,7 +60,15 @@ def extent(signature: hkload.Signature, name: str, sizes: dict[str, int]) -> int
     """The elements pointer argument `name` may be touched at, by the kernel's own contract
     (its integer expression, evaluated over `sizes` with integer division)."""
     expression = dict(signature.extents)[name]
-    return eval(expression.replace("/", "//"), {"__builtins__": {}}, dict(sizes))
+    return eval(expression.replace("/", "//"), {"__builtins__": {}}, {**CONTRACT_FUNCTIONS, **sizes})
+
+
+# The functions of the contract language that extents use, on Python ints.
+CONTRACT_FUNCTIONS = {
+    "ceil_div": lambda a, b: -(-a // b),
+    "min": lambda a, b: a if a < b else b,
+    "max": lambda a, b: a if a > b else b,
+}
 
 
 def scalar(param: hkload.Param, sizes: dict[str, int]) -> int | float:

@@ -34,12 +34,23 @@ def kernels(bundle, device) -> hkload.Kernels:
     return bundle.load(device)
 
 
+# Element types numpy lacks, by the numpy type of their storage.
+STORAGE = {
+    "bf16": np.uint16,
+    "fp8_e4m3fn": np.uint8,
+    "fp8_e4m3fnuz": np.uint8,
+    "fp8_e5m2": np.uint8,
+    "fp8_e5m2fnuz": np.uint8,
+}
+
+
 def buffer(param: hkload.Param, length: int):
-    """Host memory for a pointer parameter: a numpy array, or (bf16, which numpy lacks) an
-    hkload.Pointer over 16-bit storage, returned with the array that owns the memory."""
-    if param.dtype == "bf16":
-        storage = np.zeros(length, dtype=np.uint16)
-        pointer = hkload.Pointer(storage.ctypes.data, "bf16", length, mutable=param.mutable)
+    """Host memory for a pointer parameter: a numpy array, or (bf16 and FP8, which numpy lacks)
+    an hkload.Pointer over storage of their width, returned with the array that owns the
+    memory."""
+    if param.dtype in STORAGE:
+        storage = np.zeros(length, dtype=STORAGE[param.dtype])
+        pointer = hkload.Pointer(storage.ctypes.data, param.dtype, length, mutable=param.mutable)
         return pointer, storage
     array = np.zeros(length, dtype=NUMPY[param.dtype])
     return array, array
@@ -193,10 +204,25 @@ def test_missing_argument(kernels, device):
     assert device.launches() == []
 
 
+def test_an_fp8_buffer_of_the_other_family_is_refused_naming_both(kernels, device):
+    n = 8
+    out = np.empty(n, dtype=np.float32)
+    storage = np.zeros(n, dtype=np.uint8)
+    for kernel, given in (("cast_fp8_e4m3fn_to_f32", "fp8_e4m3fnuz"), ("cast_fp8_e4m3fnuz_to_f32", "fp8_e4m3fn")):
+        fnuz = hkload.Pointer(storage.ctypes.data, given, n, mutable=False)
+        with pytest.raises(hkload.LaunchTypeError) as refused:
+            getattr(kernels, kernel)(out, fnuz, n)
+        text = str(refused.value)
+        wanted = kernel.removeprefix("cast_").removesuffix("_to_f32")
+        for part in (f"torch.float8_{given[4:]}", f"torch.float8_{wanted[4:]}", f"{given} (", f"is not {wanted} ("):
+            assert part in text, (part, text)
+    assert device.launches() == []
+
+
 def test_unknown_kernel(kernels):
     with pytest.raises(hkload.UnknownKernelError) as refused:
         kernels.rmsnorm_bf17
-    assert str(refused.value).startswith("the bundle has no kernel `rmsnorm_bf17`; it has 85 kernels, e.g. silu_bf16")
+    assert str(refused.value).startswith("the bundle has no kernel `rmsnorm_bf17`; it has 109 kernels, e.g. silu_bf16")
     assert isinstance(refused.value, AttributeError)
     assert not hasattr(kernels, "rmsnorm_bf17")
     with pytest.raises(LookupError, match="no kernel `nope`"):

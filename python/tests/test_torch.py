@@ -118,10 +118,111 @@ def gemm_case(kernel: str, generator: torch.Generator) -> Case:
     return Case(kernel, args, lambda: close(c, want(), out_suffix, kernel))
 
 
+FP8 = {
+    "fp8_e4m3fn": torch.float8_e4m3fn,
+    "fp8_e4m3fnuz": torch.float8_e4m3fnuz,
+    "fp8_e5m2": torch.float8_e5m2,
+    "fp8_e5m2fnuz": torch.float8_e5m2fnuz,
+}
+
+
+def fp8_format(kernel: str) -> str:
+    return next(name for name in sorted(FP8, key=len, reverse=True) if name in kernel)
+
+
+def to_fp8(x, dtype):
+    """torch's conversion (round to nearest even) made saturating as the kernels' is: values
+    clamped to the format's largest first (NaN stays NaN). On the CPU, which converts to every
+    format."""
+    top = torch.finfo(dtype).max
+    return x.float().cpu().clamp(-top, top).to(dtype).cuda()
+
+
+def same_codes(got, want, what: str) -> None:
+    """The same FP8 codes, or both NaN."""
+    g, w = got.view(torch.uint8), want.view(torch.uint8)
+    both_nan = got.float().isnan() & want.float().isnan()
+    wrong = (g != w) & ~both_nan
+    assert not wrong.any(), f"{what}: {int(wrong.sum())} codes differ, first at {wrong.nonzero()[0].tolist()}: got {g[wrong][0]:#04x}, want {w[wrong][0]:#04x}"
+
+
+def fp8_case(kernel: str, generator: torch.Generator) -> Case:
+    """The FP8 conversions and quantizations against torch's own conversion."""
+    name = fp8_format(kernel)
+    dtype = FP8[name]
+    top = torch.finfo(dtype).max
+
+    def randn(*shape, scale=1.0, like=torch.bfloat16):
+        return (torch.randn(*shape, generator=generator, device="cuda", dtype=torch.float64) * scale).to(like)
+
+    def poisoned(*shape, like=dtype):
+        return torch.full(shape, 0xFF, dtype=torch.uint8, device="cuda").view(like) if like in FP8.values() else torch.full(shape, float("nan"), dtype=like, device="cuda")
+
+    if kernel.startswith("cast_f32_to_"):
+        special = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, top, -top, 2 * top], device="cuda")
+        x = torch.cat([randn(4099, scale=top / 2, like=torch.float32), randn(1000, scale=1e-3, like=torch.float32), special])
+        out = poisoned(x.numel())
+        return Case(kernel, [out, x, x.numel()], lambda: same_codes(out, to_fp8(x, dtype), kernel))
+    if kernel.startswith("cast_"):
+        codes = torch.arange(256, dtype=torch.uint8, device="cuda").view(dtype)
+        out = poisoned(256, like=torch.float32)
+        want = codes.cpu().float().cuda()
+        return Case(kernel, [out, codes, 256], lambda: torch.testing.assert_close(out, want, atol=0, rtol=0, equal_nan=True, msg=lambda m: f"{kernel}: {m}"))
+
+    def ieee_quotient(amax, top):
+        # amax / top rounded once to f32, as the kernels divide: torch's CUDA division by a
+        # Python number multiplies by its reciprocal (1 ulp off at times); f64 then f32 rounds
+        # a quotient correctly.
+        return (amax.double() / top).float()
+
+    def quantized(x, scale):
+        return to_fp8(x.float() / scale, dtype)
+
+    def check_quant(out, scales, want, want_scales):
+        same_codes(out, want, kernel)
+        torch.testing.assert_close(scales, want_scales, atol=0, rtol=0, msg=lambda m: f"{kernel} scales: {m}")
+
+    rows, cols = 5, 1000
+    if kernel.startswith("quant_fp8_per_tensor"):
+        n = 40_000
+        x = randn(n, scale=50.0)
+        scale = (x.float().abs().amax() * 0.9 / top).reshape(1)
+        out = poisoned(n)
+        return Case(kernel, [out, x, scale, n], lambda: same_codes(out, quantized(x, scale), kernel))
+    if kernel.startswith("quant_fp8_per_token"):
+        x = randn(rows, cols, scale=3.0)
+        out, scales = poisoned(rows, cols), poisoned(rows, like=torch.float32)
+        want_scales = ieee_quotient(x.abs().amax(dim=1), top)
+        return Case(kernel, [out, scales, x, rows, cols], lambda: check_quant(out, scales, quantized(x, want_scales[:, None]), want_scales))
+    if kernel.startswith("quant_fp8_block"):
+        cols = 1024  # whole groups here; partial ones are the Rust suite's
+        x = randn(rows, cols, scale=3.0)
+        groups = cols // 128
+        out, scales = poisoned(rows, cols), poisoned(rows, groups, like=torch.float32)
+        want_scales = ieee_quotient(x.reshape(rows, groups, 128).abs().amax(dim=2), top)
+        want = quantized(x.reshape(rows, groups, 128), want_scales[..., None]).reshape(rows, cols)
+        return Case(kernel, [out, scales, x, rows, cols], lambda: check_quant(out, scales, want, want_scales))
+    if kernel.startswith("rmsnorm_quant_fp8"):
+        x, weight = randn(rows, cols), randn(cols) + 1
+        out, scales = poisoned(rows, cols), poisoned(rows, like=torch.float32)
+        normed = F.rms_norm(x.double(), (cols,), weight.double(), 1e-6).to(torch.bfloat16).double()
+
+        def check():
+            # One FP8 step (2^-3 relative for E4M3) from the device's approximate rsqrt.
+            step = 2.0 ** -3 * normed.abs().amax(dim=1, keepdim=True)
+            err = (out.double() * scales.double()[:, None] - normed).abs()
+            assert (err <= step).all(), f"{kernel}: worst error {float(err.max())}"
+
+        return Case(kernel, [out, scales, x, weight, 1e-6, rows, cols], check)
+    raise AssertionError(f"no torch reference for {kernel}: add one to this suite")
+
+
 def case(kernel: str, generator: torch.Generator) -> Case:
     """A call of `kernel` on fresh random inputs, with the float64 torch reference."""
     if "gemm" in kernel:
         return gemm_case(kernel, generator)
+    if "fp8" in kernel:
+        return fp8_case(kernel, generator)
     stem, suffix = split(kernel)
     dtype = DTYPES[suffix]
 
@@ -262,10 +363,21 @@ def test_every_op_compiles_without_graph_breaks(bundle, ops, generator):
             call.check()
 
 
+# opcheck's tests but its schema test (see below).
+OPCHECK_WITHOUT_SCHEMA = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
 def test_opcheck_passes_for_every_op(bundle, ops, generator):
     for name in bundle.kernels:
         call = case(name, generator)
-        torch.library.opcheck(getattr(ops, name).default, tuple(call.args))
+        # opcheck's schema test compares arguments before and after the call with operators
+        # torch has no float8 kernels for ("mul_cuda" not implemented for 'Float8_e4m3fn'); the
+        # other tests run for the FP8 kernels too.
+        fp8 = any(isinstance(a, torch.Tensor) and a.dtype in FP8.values() for a in call.args)
+        if fp8:
+            torch.library.opcheck(getattr(ops, name).default, tuple(call.args), test_utils=OPCHECK_WITHOUT_SCHEMA)
+        else:
+            torch.library.opcheck(getattr(ops, name).default, tuple(call.args))
 
 
 def test_launches_go_on_the_current_stream(kernels, generator):
@@ -283,6 +395,16 @@ def test_launches_go_on_the_current_stream(kernels, generator):
     assert snapshot.isnan().all()
     stream.synchronize()
     call.check()
+
+
+def test_an_fp8_tensor_of_the_other_family_is_refused_naming_both(kernels):
+    out = torch.empty(16, device="cuda")
+    fnuz = torch.zeros(16, device="cuda").to(torch.float8_e4m3fnuz)
+    with pytest.raises(hkload.LaunchTypeError, match=r"fp8_e4m3fnuz \(torch.float8_e4m3fnuz, the FNUZ encoding\) is not fp8_e4m3fn \(torch.float8_e4m3fn, the OCP encoding\)"):
+        kernels.cast_fp8_e4m3fn_to_f32(out, fnuz, 16)
+    ocp = torch.zeros(16, device="cuda").to(torch.float8_e4m3fn)
+    with pytest.raises(hkload.LaunchTypeError, match=r"fp8_e4m3fn \(torch.float8_e4m3fn, the OCP encoding\) is not fp8_e4m3fnuz"):
+        kernels.cast_fp8_e4m3fnuz_to_f32(out, ocp, 16)
 
 
 def test_tensor_checks_name_the_argument(kernels):

@@ -13,7 +13,9 @@ use hkload::abi::{ScalarType, ScalarValue};
 pub enum Expect {
     /// Every element close to the f64 reference: `|got - want| <= abs + rel * |want|`.
     Close { want: Vec<f64>, abs: f64, rel: f64 },
-    /// Exactly these values (integer outputs).
+    /// Exactly these values (integer outputs, conversions): a NaN matches only a NaN of the
+    /// same bits (so the output poison never passes for a wanted NaN, and an FP8 NaN code,
+    /// which [`crate::host::fp8_value`] keeps in the payload, must be the wanted one).
     Exact(Vec<f64>),
     /// A strided output (rows `stride` elements apart, as a leading dimension makes them):
     /// element `r · stride + i` close to `want[r · row_len + i]` for `i < row_len`, as
@@ -192,7 +194,8 @@ fn check_one(
         Expect::Exact(want) => {
             compare_len(name, got.len(), want.len())?;
             for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-                if g != w {
+                let same = g == w || (g.is_nan() && g.to_bits() == w.to_bits());
+                if !same {
                     fail(i, g, w.to_string());
                 }
             }

@@ -3,15 +3,31 @@
 
 use half::{bf16, f16};
 use hkload::abi::ScalarType;
+use hkload::fp8::Fp8Format;
 
-/// The value `x` becomes when stored as `ty` (round to nearest even for floats; integers are
-/// expected to be integral and in range already).
+/// The value `x` becomes when stored as `ty` (round to nearest even for floats, FP8 through
+/// f32 as the kernels convert; integers are expected to be integral and in range already).
 pub fn round_to(ty: ScalarType, x: f64) -> f64 {
     match ty {
         ScalarType::Bf16 => bf16::from_f64(x).to_f64(),
         ScalarType::F16 => f16::from_f64(x).to_f64(),
         ScalarType::F32 => x as f32 as f64,
-        _ => x,
+        _ => match ty.fp8() {
+            Some(format) => fp8_value(format, format.encode(x as f32)),
+            None => x,
+        },
+    }
+}
+
+/// The value of FP8 `code`; a NaN code decodes to a NaN that carries the code in its payload,
+/// so that [`crate::case::Expect::Exact`] (which compares NaNs by their bits) tells the
+/// canonical NaN from any other pattern, the output poison included.
+pub fn fp8_value(format: Fp8Format, code: u8) -> f64 {
+    let value = format.decode(code);
+    if value.is_nan() {
+        f64::from_bits(0x7FF8_0000_0000_0000 | u64::from(code))
+    } else {
+        f64::from(value)
     }
 }
 
@@ -56,6 +72,10 @@ pub fn encode(ty: ScalarType, values: &[f64]) -> Vec<u8> {
             ScalarType::U32 => out.extend((x as u32).to_le_bytes()),
             ScalarType::I64 => out.extend((x as i64).to_le_bytes()),
             ScalarType::U64 => out.extend((x as u64).to_le_bytes()),
+            ScalarType::Fp8E4m3fn
+            | ScalarType::Fp8E4m3fnuz
+            | ScalarType::Fp8E5m2
+            | ScalarType::Fp8E5m2fnuz => out.push(fp8_code(ty, x)),
         }
     }
     out
@@ -83,9 +103,32 @@ pub fn decode(ty: ScalarType, bytes: &[u8]) -> Vec<f64> {
                 ScalarType::U32 => u32::from_le_bytes(b4()) as f64,
                 ScalarType::I64 => i64::from_le_bytes(b8()) as f64,
                 ScalarType::U64 => u64::from_le_bytes(b8()) as f64,
+                ScalarType::Fp8E4m3fn
+                | ScalarType::Fp8E4m3fnuz
+                | ScalarType::Fp8E5m2
+                | ScalarType::Fp8E5m2fnuz => fp8_value(fp8_format(ty), b[0]),
             }
         })
         .collect()
+}
+
+fn fp8_format(ty: ScalarType) -> Fp8Format {
+    ty.fp8()
+        .unwrap_or_else(|| panic!("{ty} is not an FP8 type"))
+}
+
+/// The FP8 code of `x`, for uploads: a NaN made by [`fp8_value`] gives back its code and an
+/// infinity E5M2's infinity (which the saturating conversion would not give); anything else is
+/// encoded (rounded) as the kernels do.
+fn fp8_code(ty: ScalarType, x: f64) -> u8 {
+    let format = fp8_format(ty);
+    if x.is_nan() && x.to_bits() & !0xFF == 0x7FF8_0000_0000_0000 {
+        x.to_bits() as u8
+    } else if x.is_infinite() && format == Fp8Format::E5m2 {
+        if x > 0.0 { 0x7C } else { 0xFC }
+    } else {
+        format.encode(x as f32)
+    }
 }
 
 /// A byte pattern written over every output before a kernel runs, so an element the kernel
@@ -118,6 +161,16 @@ mod tests {
             decode(ScalarType::I32, &encode(ScalarType::I32, &[-7.0])),
             [-7.0]
         );
+    }
+
+    #[test]
+    fn fp8_codes_round_trip_through_values_nans_included() {
+        for format in Fp8Format::ALL {
+            let ty = ScalarType::from(format);
+            let codes: Vec<u8> = (0..=255).collect();
+            let values = decode(ty, &codes);
+            assert_eq!(encode(ty, &values), codes, "{format}");
+        }
     }
 
     #[test]

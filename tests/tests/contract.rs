@@ -269,6 +269,88 @@ fn an_empty_grid_launches_nothing() {
     );
 }
 
+/// A kernel remembers its last evaluation, so that repeated calls evaluate nothing; that must
+/// never admit a call the contract refuses, nor skip the checks of a caller's own shape.
+#[test]
+fn a_remembered_evaluation_admits_only_what_the_contract_admits() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    let (driver, device) = simulated("sm_90");
+    let loaded = bundle.load(&device).unwrap();
+    let kernel = loaded.kernel("topk_f32").unwrap();
+    let with = |rows, n, k, len| {
+        Call::new(
+            &bundle,
+            &device,
+            "topk_f32",
+            &[("rows", rows), ("n", n), ("k", k)],
+            len,
+        )
+    };
+    let last_launch = || match driver.log().pop() {
+        Some(Recorded::Launch { dims, args, .. }) => (dims, args),
+        other => panic!("expected a launch, got {other:?}"),
+    };
+
+    let fits = with(3, 100, 8, 300);
+    kernel.call(StreamHandle::DEFAULT, &fits.args()).unwrap();
+    let first = last_launch();
+    kernel.call(StreamHandle::DEFAULT, &fits.args()).unwrap();
+    assert_eq!(
+        last_launch(),
+        first,
+        "a repeated call launches the same shape and bytes"
+    );
+
+    // The same values with a buffer one element short: `x` holds rows * n = 300.
+    let short = with(3, 100, 8, 299);
+    let refused = kernel
+        .call(StreamHandle::DEFAULT, &short.args())
+        .unwrap_err();
+    assert!(
+        matches!(
+            &refused,
+            Error::Launch(LaunchError::Extent {
+                needed: 300,
+                given: 299,
+                ..
+            })
+        ),
+        "{refused}"
+    );
+    assert!(
+        unmet(kernel.call(StreamHandle::DEFAULT, &with(3, 200, 129, 4096).args()))
+            .contains("at most 128 values a row")
+    );
+
+    // A caller's shape is checked on every launch, remembered values or not.
+    let too_big = LaunchDims {
+        grid: [1, 1, 1],
+        block: [2048, 1, 1],
+        shared_bytes: 0,
+    };
+    // SAFETY: refused before the driver is called, as the assertion checks.
+    let refused =
+        unsafe { kernel.launch(&too_big, StreamHandle::DEFAULT, &fits.args()) }.unwrap_err();
+    assert!(
+        matches!(refused, Error::Launch(LaunchError::Dims { .. })),
+        "{refused}"
+    );
+    // SAFETY: the contract's own shape, from the first call.
+    unsafe { kernel.launch(&first.0, StreamHandle::DEFAULT, &fits.args()) }.unwrap();
+    assert_eq!(last_launch(), first);
+
+    // After a launch with explicit dimensions, `call` still computes its own shape; and an
+    // empty grid after a full one launches nothing.
+    kernel.call(StreamHandle::DEFAULT, &fits.args()).unwrap();
+    assert_eq!(last_launch(), first);
+    let launches = driver.log().len();
+    kernel
+        .call(StreamHandle::DEFAULT, &with(0, 100, 8, 300).args())
+        .unwrap();
+    assert_eq!(driver.log().len(), launches, "no rows, nothing launched");
+}
+
 /// A module manifest for the `scale` test kernel with `contract` as its kernel's contract
 /// (line 8 on) and `args` as its signature (line 7).
 fn scale_manifest(args: &str, contract: &str) -> String {

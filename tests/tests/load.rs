@@ -275,6 +275,44 @@ fn assert_refused(
             (ParamType::Pointer { .. }, _, None) => unreachable!("every pointer has misfits"),
         }
     }
+    // An FP8 buffer of the other family (OCP for FNUZ, FNUZ for OCP) is refused with both
+    // formats named, torch's names too: the mix-up that would compute plausible garbage.
+    for (i, param) in signature.iter().enumerate() {
+        let ParamType::Pointer { pointee, mutable } = param.ty else {
+            continue;
+        };
+        let Some(other) = ScalarType::ALL
+            .into_iter()
+            .find(|&other| pointee.fp8_mixup(other).is_some())
+        else {
+            continue;
+        };
+        let buffer = device.alloc(other, 1 << 16).unwrap();
+        let error = kernel
+            .call(
+                StreamHandle::DEFAULT,
+                &replaced(good, i, Arg::BufferMut(&buffer)),
+            )
+            .unwrap_err()
+            .to_string();
+        let (want, got) = (pointee.fp8().unwrap(), other.fp8().unwrap());
+        let writable = if mutable { "writable " } else { "" };
+        for part in [
+            format!("expects a {writable}buffer of {want}"),
+            format!(
+                "{got} ({}, the {} encoding)",
+                got.torch_dtype(),
+                got.family()
+            ),
+            format!(
+                "{want} ({}, the {} encoding)",
+                want.torch_dtype(),
+                want.family()
+            ),
+        ] {
+            assert!(error.contains(&part), "`{part}` not in: {error}");
+        }
+    }
     for (args, expected) in attempts {
         let error = kernel.call(StreamHandle::DEFAULT, &args).unwrap_err();
         let name = match error {
@@ -683,7 +721,7 @@ fn an_empty_kernel_record_far_outside_the_index_is_refused_even_with_its_digest_
 fn a_damaged_format_version_reads_as_damage() {
     let (_package, dir) = small_bundle(false);
     let index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
-    // The version string is a MessagePack fixstr at the file's start: 0xa3, then `1.3`.
+    // The version string is a MessagePack fixstr at the file's start: 0xa3, then `1.4`.
     let version = [&[0xa3][..], FORMAT_VERSION.to_string().as_bytes()].concat();
     assert_eq!(index[..4], version);
     let with_version = |text: &[u8; 3]| leak([&[0xa3][..], text, &index[4..]].concat());
@@ -694,7 +732,7 @@ fn a_damaged_format_version_reads_as_damage() {
             .to_string()
     };
     // Verified, any change to the version is damage, not a format this hkload cannot read.
-    for text in [b"9.3", b"0.3", b"1.2", b"1.4", b"1,3"] {
+    for text in [b"9.3", b"0.3", b"1.2", b"1.3", b"1.5", b"1,4"] {
         let error = open(with_version(text), OpenOptions::default());
         assert!(error.contains("SHA-256 does not match"), "{error}");
     }
@@ -939,4 +977,60 @@ fn a_kernel_without_a_contract_launches_only_with_explicit_dims() {
     // SAFETY: the recording driver runs nothing.
     unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, &args) }.unwrap();
     assert!(matches!(driver.log().last(), Some(Recorded::Launch { .. })));
+}
+
+/// A large image is hashed while the driver loads it: a damaged one is refused all the same,
+/// its module unloaded again, and nothing of it launched.
+#[test]
+fn a_damaged_large_image_is_refused_though_hashed_beside_the_load() {
+    let (_, plain) = repo_bundles();
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(plain).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.path().join(entry.file_name())).unwrap();
+    }
+    let bundle = Bundle::open(copy.path()).unwrap();
+    let manifest = bundle.manifest().unwrap().clone();
+    let (module, entry) = manifest
+        .modules
+        .iter()
+        .flat_map(|m| m.entries.iter().map(move |e| (m, e)))
+        .filter(|(_, e)| e.id.to_string() == "cuda-nvptx64-nvidia-cuda-sm_90")
+        .max_by_key(|(_, e)| e.size)
+        .unwrap();
+    assert!(
+        entry.size >= 64 * 1024,
+        "{} is {} bytes",
+        module.name,
+        entry.size
+    );
+    let path = copy.path().join(&module.file);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let image = hkload::offload::extract_entry(&bytes, &entry.id.to_string())
+        .unwrap()
+        .into_owned();
+    let at = bytes
+        .windows(image.len())
+        .position(|w| w == image.as_slice())
+        .unwrap()
+        + image.len() / 2;
+    bytes[at] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+
+    let (driver, device) = simulated("sm_90");
+    let kernels = Bundle::open(copy.path()).unwrap().load(&device).unwrap();
+    let error = kernels.kernel(&module.kernels[0]).err().unwrap();
+    assert!(matches!(error, Error::Mismatch { .. }), "{error}");
+    assert!(error.to_string().contains("SHA-256"), "{error}");
+    let log = driver.log();
+    let loads = log
+        .iter()
+        .filter(|e| matches!(e, Recorded::Load { .. }))
+        .count();
+    let unloads = log
+        .iter()
+        .filter(|e| matches!(e, Recorded::Unload { .. }))
+        .count();
+    assert_eq!((loads, unloads), (1, 1), "{log:?}");
+    assert!(!log.iter().any(|e| matches!(e, Recorded::Launch { .. })));
 }

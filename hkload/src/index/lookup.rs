@@ -32,7 +32,7 @@ use crate::file::FileBytes;
 use crate::manifest::{
     BundleManifest, EntryRecord, ManifestError, Sha256Digest, check_file_name, duplicate_entry,
 };
-use crate::target::EntryId;
+use crate::target::{EntryId, TargetId};
 
 const MAGIC: [u8; 4] = *b"HKLT";
 
@@ -313,6 +313,17 @@ impl Table {
             })
     }
 
+    /// The build targets of the bundle's code images, each once, in the order first met.
+    pub fn build_targets(&self) -> Vec<TargetId> {
+        let mut targets: Vec<TargetId> = Vec::new();
+        for id in &self.ids {
+            if !targets.contains(&id.target()) {
+                targets.push(id.target());
+            }
+        }
+        targets
+    }
+
     /// Where kernel `symbol` is. A scan of a few hundred names costs less than building a map
     /// at every open.
     pub fn find_kernel(&self, symbol: &str) -> Option<KernelAt> {
@@ -540,6 +551,7 @@ mod tests {
                 entry("cuda-nvptx64-nvidia-cuda-sm_90", 2000),
                 entry("cuda-nvptx64-nvidia-cuda-compute_90", 3000),
             ],
+            not_built: Vec::new(),
         };
         BundleManifest {
             format_version: FORMAT_VERSION,

@@ -38,6 +38,7 @@ use sha2::{Digest, Sha256};
 use crate::file::FileBytes;
 use crate::manifest::{
     BundleManifest, FORMAT_VERSION, FormatVersion, KernelRecord, ManifestError, ModuleAbi,
+    Sha256Digest,
 };
 use lookup::Table;
 
@@ -59,6 +60,8 @@ pub struct Index {
     version: FormatVersion,
     /// Where the records start in `bytes`.
     records: usize,
+    /// The digest the index records of itself.
+    digest: Sha256Digest,
     table: Table,
     manifest: OnceLock<Result<BundleManifest, ManifestError>>,
     /// Each kernel's record, by table row, decoded on first use.
@@ -110,6 +113,9 @@ impl Index {
         let digest = ByteBuf::deserialize(&mut header).map_err(syntax)?;
         let records = bytes.len() - rest.len();
         let version = version_text.parse::<FormatVersion>();
+        let digest = <[u8; 32]>::try_from(digest.as_slice())
+            .map(Sha256Digest)
+            .map_err(|_| lookup::damaged("its digest is not 32 bytes"))?;
         if verify {
             let mut hasher = Sha256::new();
             let before_1_3 =
@@ -118,7 +124,7 @@ impl Index {
                 hasher.update(&bytes[..version_end]);
             }
             hasher.update(&bytes[records..]);
-            if hasher.finalize().as_slice() != digest.as_slice() {
+            if hasher.finalize().as_slice() != digest.0.as_slice() {
                 return Err(ManifestError::Invalid(
                     "the index's SHA-256 does not match its contents: the file is damaged; \
                      rebuild the bundle with `hkpack build`"
@@ -147,10 +153,18 @@ impl Index {
             bytes,
             version,
             records,
+            digest,
             table,
             manifest,
             kernels,
         })
+    }
+
+    /// The digest the index records of its own contents (checked at [`Index::open`] when
+    /// verifying): what names one build's index whatever its file is called, and what the
+    /// packages split from it record (see [`crate::package_set`]).
+    pub fn digest(&self) -> Sha256Digest {
+        self.digest
     }
 
     /// The lookup table: modules, their code images, kernels and where their records lie.

@@ -3,8 +3,11 @@
 
 pub mod activation;
 pub mod conv1d;
+pub mod fp8;
 pub mod gemm;
+pub mod gemm_q8;
 pub mod norm;
+pub mod quant;
 pub mod rope;
 pub mod softmax;
 pub mod topk;
@@ -21,5 +24,8 @@ pub fn all_cases(rng: &mut impl rand::Rng) -> Vec<Case> {
     cases.extend(topk::cases(rng));
     cases.extend(conv1d::cases(rng));
     cases.extend(gemm::cases(rng));
+    cases.extend(gemm_q8::cases(rng));
+    cases.extend(fp8::cases());
+    cases.extend(quant::cases(rng));
     cases
 }

@@ -1,13 +1,14 @@
 // hk/tile/copy.h: copies of matrix blocks from global memory into shared tiles, by all the
-// threads of a block together. A block is cut into the tile's 16-byte chunks (8 elements of a
-// row); thread t of kThreads copies chunks t, t + kThreads, ..., so each instruction of a wave
+// threads of a block together. A block is cut into the tile's 16-byte chunks (8 or 16 elements
+// of a row); thread t of kThreads copies chunks t, t + kThreads, ..., so each instruction of a wave
 // covers whole consecutive rows: coalesced reads, conflict-free shared writes. Elements past
 // the matrix's rows or columns arrive as zeros, so a partial block multiplies as if padded.
 //
 // Two ways:
 //   copy_async (NVIDIA): cp.async of 16 bytes straight into shared memory, no registers, in
 //     flight until async_wait; its src-size operand zero-fills the part of a chunk past the
-//     matrix's last column. Needs 16-byte aligned rows (data aligned, ld % 8 == 0).
+//     matrix's last column. Needs 16-byte aligned rows (data aligned, ld a multiple of a chunk).
+//   copy_elements (every target): element by element, global to shared, nothing staged.
 //   StagedCopy (every target): fetch() loads into registers, store() writes them to shared
 //     memory later, so the loads of the next block overlap the math on this one. Reads 16
 //     bytes at once where the rows allow (vector = true and the chunk whole), element by
@@ -38,7 +39,7 @@ HK_DEVICE unsigned left(unsigned size, unsigned start) { return size > start ? s
 // The position of chunk `i` of a tile in the matrix, and how many of its elements exist.
 template <class Tile> struct ChunkAt {
   unsigned row, col;  // in the tile
-  unsigned valid;     // elements of the chunk inside the matrix, 0 to 8
+  unsigned valid;     // elements of the chunk inside the matrix, 0 to Tile::kChunk
   HK_DEVICE ChunkAt(unsigned i, unsigned rows_left, unsigned cols_left)
       : row(i / Tile::kChunksPerRow), col(i % Tile::kChunksPerRow * Tile::kChunk) {
     valid = row < rows_left && col < cols_left ? min_u(cols_left - col, Tile::kChunk) : 0;
@@ -85,6 +86,28 @@ HK_DEVICE void async_commit() { __nvvm_cp_async_commit_group(); }
 // a block barrier after it makes every thread's copies visible).
 template <int kPending> HK_DEVICE void async_wait() { __nvvm_cp_async_wait_group(kPending); }
 #endif
+
+// Copies the block of g at (row0, col0) into s element by element, each value straight from
+// global to shared memory: for rows that are not 16-byte aligned where registers are short
+// (a StagedCopy's chunks stay live across the block's loads). Any alignment, any ld.
+template <unsigned kThreads, class Tile, typename T>
+HK_DEVICE void copy_elements(Tile& s, const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
+                             unsigned thread) {
+  using Deal = detail::Deal<Tile, kThreads>;
+  const unsigned rows_left = detail::left(g.rows, row0);
+  const unsigned cols_left = detail::left(g.cols, col0);
+#pragma unroll
+  for (unsigned i = 0; i < Deal::kPerThread; ++i) {
+    if (Deal::skip(thread + i * kThreads)) break;
+    const detail::ChunkAt<Tile> c(thread + i * kThreads, rows_left, cols_left);
+    const T* src = g.row(row0 + c.row) + col0 + c.col;
+    T* to = s.at(c.row, c.col);
+    // Not unrolled: unrolled, the compiler hoists every load of the block above the stores,
+    // a register each, which is what this copy is for avoiding.
+#pragma unroll 1
+    for (unsigned e = 0; e < Tile::kChunk; ++e) to[e] = e < c.valid ? src[e] : T(0);
+  }
+}
 
 // A block copy through registers (see the header).
 template <class Tile, unsigned kThreads> struct StagedCopy {

@@ -1,15 +1,18 @@
 // hk/tile/mma.h: one matrix multiply-accumulate over tiles, for every target. A wave keeps a
-// block of the result, kTilesM x kTilesN atoms of 16x16 f32 accumulators, in registers
-// (Accumulators); mma() adds to it the product of an A strip and a B strip read from shared
-// tiles, one atom's k depth (MmaAtom<T>::kK) at a time.
+// block of the result, kTilesM x kTilesN atoms of 16x16 accumulators (f32; i32 for i8 inputs)
+// in registers (Accumulators); mma() adds to it the product of an A strip and a B strip read
+// from shared tiles, one atom's k depth (MmaAtom<T>::kK) at a time.
 //
 // The per-target mapping lives in one file per instruction family:
 //   hk/tile/mfma.h      AMD CDNA MFMA (gfx90a, gfx942: k = 16; gfx950: k = 32)
 //   hk/tile/mma_sync.h  NVIDIA mma.sync m16n8k16 with ldmatrix (sm_80, sm_90)
-// each defining MmaAtom<T> (T = bf16 or f16) with the same members: kM = kN = 16, kK, the
-// operand fragments A, B and the accumulator C (kSize f32 per lane), load_a / load_b_nk /
-// load_b_kn from a SharedTile, mma, and row(v) / col(v), where accumulator element v of the
-// calling lane sits in its 16x16 block.
+//   hk/tile/mfma8.h     AMD CDNA MFMA of 8-bit inputs (i8 everywhere; E4M3 on gfx942, gfx950)
+//   hk/tile/mma_sync8.h NVIDIA mma.sync m16n8k32 (i8 on sm_80 and sm_90; E4M3 on sm_89+)
+// each defining MmaAtom<T> (T = bf16 or f16; i8 or an FP8 format in the 8-bit files) with the
+// same members: kM = kN = 16, kK, the operand fragments A, B and the accumulator C (kSize f32
+// per lane, i32 for i8), load_a / load_b_nk (and for 16-bit load_b_kn) from a SharedTile, mma,
+// and row(v) / col(v), where accumulator element v of the calling lane sits in its 16x16
+// block.
 #pragma once
 
 #include "../device.h"
@@ -17,8 +20,10 @@
 
 #if HK_AMD
 #include "mfma.h"
+#include "mfma8.h"
 #else
 #include "mma_sync.h"
+#include "mma_sync8.h"
 #endif
 
 namespace hk::tile {
@@ -41,7 +46,7 @@ template <typename T, unsigned kTilesM_, unsigned kTilesN_> struct Accumulators 
 #pragma unroll
       for (unsigned j = 0; j < kTilesN; ++j)
 #pragma unroll
-        for (unsigned v = 0; v < Atom::C::kSize; ++v) tile[i][j].v[v] = 0.0f;
+        for (unsigned v = 0; v < Atom::C::kSize; ++v) tile[i][j].v[v] = 0;
   }
 
   // Sets every accumulator to f(row, col), with row and col relative to the wave's block.

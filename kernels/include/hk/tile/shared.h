@@ -1,6 +1,7 @@
-// hk/tile/shared.h: matrix tiles of 16-bit elements in shared memory (LDS on AMD).
+// hk/tile/shared.h: matrix tiles of 16-bit or 8-bit elements in shared memory (LDS on AMD).
 //
-// A SharedTile<T, kRows, kCols> is row-major in rows of 16-byte chunks (8 elements), with the
+// A SharedTile<T, kRows, kCols> is row-major in rows of 16-byte chunks (8 elements of 16 bits,
+// 16 of 8 bits), with the
 // chunks of each row permuted by an XOR of the row number. Why: the hot reads of a matrix
 // tile take the same chunk column from 8 consecutive rows at once (NVIDIA's ldmatrix reads 8
 // rows of 16 bytes per phase; AMD's MFMA operand reads take 16 rows). Unswizzled, rows of 64
@@ -11,8 +12,9 @@
 //
 // The swizzle: rows that share one 128-byte line of banks (kRowsPerLine of them, for rows
 // narrower than 128 bytes) share a pattern; the next line's rows XOR the chunk index with the
-// line number, modulo the chunks a line holds. For 64-byte rows (kCols = 32): chunk ^ (row / 2
-// % 4); for rows of 128 bytes or more: chunk ^ (row % 8).
+// line number, modulo the chunks a line holds. For 64-byte rows (32 16-bit or 64 8-bit
+// elements): chunk ^ (row / 2 % 4); for rows of 128 bytes or more: chunk ^ (row % 8). The
+// pattern is in bytes, so an 8-bit tile's rows behave as a 16-bit tile's of the same bytes.
 #pragma once
 
 #include "../device.h"
@@ -20,10 +22,10 @@
 namespace hk::tile {
 
 template <typename T, unsigned kRows_, unsigned kCols_> struct SharedTile {
-  static_assert(sizeof(T) == 2, "shared tiles hold 16-bit elements");
+  static_assert(sizeof(T) == 2 || sizeof(T) == 1, "shared tiles hold 16-bit or 8-bit elements");
   static constexpr unsigned kRows = kRows_;
   static constexpr unsigned kCols = kCols_;
-  static constexpr unsigned kChunk = 8;  // elements in a 16-byte chunk
+  static constexpr unsigned kChunk = 16 / sizeof(T);  // elements in a 16-byte chunk
   static constexpr unsigned kChunksPerRow = kCols / kChunk;
   static_assert(kChunksPerRow * kChunk == kCols && kChunksPerRow >= 2 &&
                     (kChunksPerRow & (kChunksPerRow - 1)) == 0,

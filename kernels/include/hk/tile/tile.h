@@ -1,5 +1,5 @@
 // hk/tile/tile.h: the matrix tile layer. Matrix kernels include this one file:
-//   hk/tile/shared.h    SharedTile: 16-bit matrix tiles in shared memory, swizzled against
+//   hk/tile/shared.h    SharedTile: 16- and 8-bit matrix tiles in shared memory, swizzled against
 //                       bank conflicts
 //   hk/tile/copy.h      GlobalMatrix views and block copies global -> shared (cp.async on
 //                       NVIDIA, through registers everywhere)
@@ -7,6 +7,8 @@
 //                       mapped per target by
 //   hk/tile/mfma.h      AMD CDNA MFMA (gfx90a, gfx942, gfx950)
 //   hk/tile/mma_sync.h  NVIDIA mma.sync with ldmatrix (sm_80, sm_90)
+//   hk/tile/mfma8.h,    the same for 8-bit inputs (i8, FP8 E4M3)
+//   hk/tile/mma_sync8.h
 #pragma once
 
 #include "copy.h"

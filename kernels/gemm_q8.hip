@@ -1,0 +1,214 @@
+// GEMM of 8-bit matrices, C = A·Bᵀ with B stored [N][K] (a linear layer's quantized weight),
+// row-major with leading dimensions, sums in i32 (int8) or f32 (FP8), scaled and written in
+// bf16. One source, several modules, each defining which element type it builds:
+//
+// HK_GEMM_A8W8 (manifests/gemm_a8w8.toml): int8 x int8, exact i32 sums (SmoothQuant's W8A8)
+//   gemm_a8w8_nt[_bias]_bf16(c, a, b, a_scale, b_scale, [bias,] m, n, k, lda, ldb, ldc)
+//     C[i][j] = bf16(f32(Σ_k A[i][k] B[j][k]) · a_scale[i] · b_scale[j] (+ bias[j]))
+//     a_scale per token [M], b_scale per output channel [N], f32; bias bf16 [N].
+// HK_GEMM_FP8=<format> (manifests/gemm_fp8_<format>.toml, format e4m3fn or e4m3fnuz): FP8
+//   E4M3 x E4M3 (element type hk::fp8_<format>), f32 sums
+//   gemm_fp8_<format>_nt_{per_tensor,per_token}[_bias]_bf16(the same arguments)
+//     per_tensor: a_scale[0] and b_scale[0] scale everything; per_token: as a8w8's scales.
+//   <format> is the one the target's instruction computes on (hk/tile/mfma8.h,
+//   hk/tile/mma_sync8.h): e4m3fnuz on gfx942, e4m3fn on gfx950 and sm_90, so each
+//   format is its own module with the other targets skipped (and gfx90a, sm_80: none at all).
+//
+// Launch: the contracts in the manifests (eight waves a block of 128 x 128 of C, grid x over n,
+// y over m). The structure is gemm.hip's (see there): K in steps of 64 bytes through shared
+// tiles, zero-filled past the edges (so any M, N, K), NVIDIA overlapping kStages - 1 steps with
+// cp.async when rows are 16-byte aligned (pointers aligned, k and ld multiples of 16), every
+// other case staging the next step through registers, rows that are not aligned element by
+// element.
+#include "hk/fp8.h"
+#include "hk/hk.h"
+#include "hk/tile/tile.h"
+
+namespace {
+
+using hk::tile::BLayout;
+
+// 128 x 128 blocks of C, 64 elements (bytes) deep a step: the 16-bit Square's shape and bytes.
+// Eight waves of 64 x 32, 8 atoms of 16 x 16 each (four waves of 64 x 64, as Square, spilled
+// 12 to 128 bytes on sm_80 and sm_90). NVIDIA keeps 3 stages of 16 KiB (the 48 KiB of static shared memory), AMD
+// double-buffers through registers.
+struct Tiling {
+  static constexpr unsigned kTileM = 128, kTileN = 128, kTileK = 64;
+  static constexpr unsigned kWavesM = 2, kWavesN = 4;
+  static constexpr unsigned kThreads = kWavesM * kWavesN * hk::kWaveSize;
+  static constexpr unsigned kWaveRows = kTileM / kWavesM, kWaveCols = kTileN / kWavesN;
+#if HK_AMD
+  static constexpr unsigned kStages = 2;
+#else
+  static constexpr unsigned kStages = 3;
+#endif
+};
+
+// Consecutive blocks walk kGroupM block rows of C column by column, so that kGroupM blocks
+// share each B block through L2 (as gemm.hip's blocks do).
+constexpr unsigned kGroupM = 8;
+
+struct BlockTile {
+  unsigned m, n;
+};
+
+HK_DEVICE BlockTile block_tile() {
+  const unsigned tiles_n = hk::grid_dim_x(), tiles_m = hk::grid_dim_y();
+  const unsigned long long id =
+      static_cast<unsigned long long>(hk::block_idx_y()) * tiles_n + hk::block_idx_x();
+  const unsigned long long per_group = static_cast<unsigned long long>(kGroupM) * tiles_n;
+  const unsigned first_m = static_cast<unsigned>(id / per_group) * kGroupM;
+  const unsigned group_m = tiles_m - first_m < kGroupM ? tiles_m - first_m : kGroupM;
+  const unsigned in_group = static_cast<unsigned>(id % per_group);
+  return {first_m + in_group % group_m, in_group / group_m};
+}
+
+// Which scales multiply the sums.
+enum class Scales {
+  kPerTensor,  // a_scale[0] · b_scale[0]
+  kPerToken,   // a_scale[row] · b_scale[column]
+};
+
+template <typename T> struct Stage {
+  hk::tile::SharedTile<T, Tiling::kTileM, Tiling::kTileK> a;
+  hk::tile::SharedTile<T, Tiling::kTileN, Tiling::kTileK> b;
+};
+
+template <typename T, Scales kScales, bool kBias>
+HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
+                       const float* __restrict__ a_scale, const float* __restrict__ b_scale,
+                       const hk::bf16* __restrict__ bias, unsigned m, unsigned n, unsigned k,
+                       unsigned lda, unsigned ldb, unsigned ldc) {
+  using Tl = Tiling;
+  __shared__ Stage<T> stage[Tl::kStages];
+  using Acc = hk::tile::Accumulators<T, Tl::kWaveRows / 16, Tl::kWaveCols / 16>;
+  using Atom = typename Acc::Atom;
+  static_assert(Tl::kTileK % Atom::kK == 0, "a step is whole atoms deep");
+
+  const unsigned steps = (k + Tl::kTileK - 1) / Tl::kTileK;
+  const BlockTile tile = block_tile();
+  const unsigned row0 = tile.m * Tl::kTileM, col0 = tile.n * Tl::kTileN;
+  const unsigned thread = hk::thread_idx_x();
+  const unsigned wave = hk::wave_id();
+  const unsigned wave_row = wave / Tl::kWavesN * Tl::kWaveRows;
+  const unsigned wave_col = wave % Tl::kWavesN * Tl::kWaveCols;
+  const hk::tile::GlobalMatrix<T> ga{a, m, k, lda};
+  const hk::tile::GlobalMatrix<T> gb{b, n, k, ldb};
+
+  Acc acc;
+  acc.zero();
+  const auto multiply = [&](const Stage<T>& s) HK_INLINE {
+#pragma unroll
+    for (unsigned kk = 0; kk < Tl::kTileK; kk += Atom::kK)
+      hk::tile::mma<BLayout::kNK>(acc, s.a, s.b, wave_row, wave_col, kk);
+  };
+
+  const bool vector = ga.vector_rows() && gb.vector_rows();
+#if HK_NVIDIA
+  if (vector) {
+    constexpr unsigned kStages = Tl::kStages;
+    const auto copy = [&](unsigned s) HK_INLINE {
+      Stage<T>& to = stage[s % kStages];
+      hk::tile::copy_async<Tl::kThreads>(to.a, ga, row0, s * Tl::kTileK, thread);
+      hk::tile::copy_async<Tl::kThreads>(to.b, gb, col0, s * Tl::kTileK, thread);
+    };
+#pragma unroll
+    for (unsigned s = 0; s + 1 < kStages; ++s) {
+      if (s < steps) copy(s);
+      hk::tile::async_commit();
+    }
+    for (unsigned s = 0; s < steps; ++s) {
+      // Step s's copies are done, and after the barrier every wave has finished step s - 1,
+      // whose stage the next copy reuses.
+      hk::tile::async_wait<kStages - 2>();
+      hk::block_sync();
+      if (s + kStages - 1 < steps) copy(s + kStages - 1);
+      hk::tile::async_commit();
+      multiply(stage[s % kStages]);
+    }
+  } else {
+    // Unaligned rows, the slow path: element by element, no overlap, so that nothing staged
+    // adds to the registers the multiply needs (staging through registers spilled here).
+    for (unsigned s = 0; s < steps; ++s) {
+      hk::tile::copy_elements<Tl::kThreads>(stage[0].a, ga, row0, s * Tl::kTileK, thread);
+      hk::tile::copy_elements<Tl::kThreads>(stage[0].b, gb, col0, s * Tl::kTileK, thread);
+      hk::block_sync();
+      multiply(stage[0]);
+      hk::block_sync();
+    }
+  }
+#else
+  {
+    hk::tile::StagedCopy<decltype(Stage<T>::a), Tl::kThreads> next_a;
+    hk::tile::StagedCopy<decltype(Stage<T>::b), Tl::kThreads> next_b;
+    const auto fetch = [&](unsigned s) HK_INLINE {
+      next_a.fetch(ga, row0, s * Tl::kTileK, thread, vector);
+      next_b.fetch(gb, col0, s * Tl::kTileK, thread, vector);
+    };
+    const auto store = [&](Stage<T>& to) HK_INLINE {
+      next_a.store(to.a, thread);
+      next_b.store(to.b, thread);
+    };
+    fetch(0);
+    store(stage[0]);
+    hk::block_sync();
+    for (unsigned s = 0; s < steps; ++s) {
+      const unsigned now = s % 2;
+      const bool more = s + 1 < steps;
+      if (more) fetch(s + 1);
+      multiply(stage[now]);
+      // The other stage was last read in step s - 1, before the barrier that ended it.
+      if (more) store(stage[1 - now]);
+      hk::block_sync();
+    }
+  }
+#endif
+
+  // The scales apply to the finished sums (an i32 sum converts to f32 once, rounding only
+  // past 2^24), in the order the reference states: sum · a_scale · b_scale (+ bias).
+  const float tensor_scale = kScales == Scales::kPerTensor ? a_scale[0] * b_scale[0] : 0.0f;
+  acc.for_each([&](unsigned r, unsigned col, auto sum) HK_INLINE {
+    const unsigned row = row0 + wave_row + r, column = col0 + wave_col + col;
+    if (row < m && column < n) {
+      float x = static_cast<float>(sum);
+      if constexpr (kScales == Scales::kPerTensor)
+        x *= tensor_scale;
+      else
+        x = x * a_scale[row] * b_scale[column];
+      if constexpr (kBias) x += hk::to_float(bias[column]);
+      c[static_cast<unsigned long long>(row) * ldc + column] = hk::from_float<hk::bf16>(x);
+    }
+  });
+}
+
+}  // namespace
+
+// One block per SM / CU at least: asking for two (128 registers a thread on NVIDIA) spilled 8
+// to 64 bytes on sm_90 (the FP8 kernels most), which the module's no_spills refuses.
+#define HK_Q8_ENTRY(name) \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Tiling::kThreads, 1) void name
+#define HK_Q8_SIZES unsigned m, unsigned n, unsigned k, unsigned lda, unsigned ldb, unsigned ldc
+#define HK_Q8_PARAMS(T) \
+  hk::bf16 *c, const T *a, const T *b, const float *a_scale, const float *b_scale
+// HK_Q8 expands its arguments before HK_Q8_PAIR pastes onto the name.
+#define HK_Q8(name, T, kScales) HK_Q8_PAIR(name, T, kScales)
+#define HK_Q8_PAIR(name, T, kScales)                                                        \
+  HK_Q8_ENTRY(name##_bf16)(HK_Q8_PARAMS(T), HK_Q8_SIZES) {                                  \
+    gemm_q8<T, kScales, false>(c, a, b, a_scale, b_scale, nullptr, m, n, k, lda, ldb, ldc); \
+  }                                                                                         \
+  HK_Q8_ENTRY(name##_bias_bf16)(HK_Q8_PARAMS(T), const hk::bf16* bias, HK_Q8_SIZES) {       \
+    gemm_q8<T, kScales, true>(c, a, b, a_scale, b_scale, bias, m, n, k, lda, ldb, ldc);     \
+  }
+
+#if defined(HK_GEMM_A8W8)
+HK_Q8(gemm_a8w8_nt, hk::i8, Scales::kPerToken)
+#elif defined(HK_GEMM_FP8)
+#define HK_Q8_FP8_NAME(format, scheme) gemm_fp8_##format##_nt_##scheme
+#define HK_Q8_FP8(format)                                                             \
+  HK_Q8(HK_Q8_FP8_NAME(format, per_tensor), hk::fp8_##format, Scales::kPerTensor) \
+  HK_Q8(HK_Q8_FP8_NAME(format, per_token), hk::fp8_##format, Scales::kPerToken)
+#define HK_Q8_FP8_EXPAND(format) HK_Q8_FP8(format)
+HK_Q8_FP8_EXPAND(HK_GEMM_FP8)
+#else
+#error "define HK_GEMM_A8W8, or HK_GEMM_FP8 as the FP8 format to build (the manifest does)"
+#endif
