@@ -139,9 +139,9 @@ def kernel_metadata(path):
             for k in meta["amdhsa.kernels"]}
 
 
-def unbundle(bundle, target, out):
+def unbundle(bundle, target, out, module="gemm"):
     subprocess.run([f"{LLVM}/clang-offload-bundler", "--unbundle", "--type=o",
-                    f"--input={os.path.join(bundle, 'gemm.hipfb')}",
+                    f"--input={os.path.join(bundle, module + '.hipfb')}",
                     f"--targets=hipv4-amdgcn-amd-amdhsa--{target}", f"--output={out}"], check=True)
     return open(out, "rb").read()
 

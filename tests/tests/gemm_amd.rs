@@ -16,7 +16,7 @@ use std::process::Command;
 use common::*;
 use hkload::Bundle;
 use hkload::manifest::{BundleManifest, MANIFEST_FILE};
-use hkload::target::{EntryId, TargetId};
+use hkload::target::TargetId;
 
 /// `(target, LDS bytes a workgroup may have, MFMA mnemonic of bf16 kernels, of f16 kernels)`.
 const TARGETS: [(&str, u32, &str, &str); 3] = [
@@ -40,18 +40,10 @@ const TARGETS: [(&str, u32, &str, &str); 3] = [
     ),
 ];
 
-/// The repository's gemm module alone, built for the AMD targets into `dir`: a package folder
-/// with the repository's package manifest and gemm.toml, and its kernels folder linked in.
+/// The repository's gemm module alone, built for the AMD targets into `dir`.
 fn build_gemm(dir: &Path) -> std::path::PathBuf {
-    let manifests = dir.join("manifests");
-    std::fs::create_dir_all(&manifests).unwrap();
-    for file in ["package.toml", "gemm.toml"] {
-        std::fs::copy(repo().join("manifests").join(file), manifests.join(file)).unwrap();
-    }
-    std::os::unix::fs::symlink(repo().join("kernels"), dir.join("kernels")).unwrap();
-    let mut options = options(&manifests, &dir.join("dist"), &shared_cache());
-    options.targets = Some(TARGETS.iter().map(|t| t.0.parse().unwrap()).collect());
-    build_ok(&options).bundle
+    let targets: Vec<&str> = TARGETS.iter().map(|t| t.0).collect();
+    build_repo_modules(dir, &["gemm.toml"], &targets)
 }
 
 #[test]
@@ -89,31 +81,8 @@ fn gemm_fits_every_amd_target_and_uses_its_mfma() {
         BundleManifest::from_toml(&std::fs::read_to_string(bundle.join(MANIFEST_FILE)).unwrap())
             .unwrap();
     let module = &manifest.modules[0];
-    let file = bundle.join(&module.file);
     for &(target, _, bf16_mfma, f16_mfma) in &TARGETS {
-        let entry = module
-            .entries
-            .iter()
-            .find(|e| {
-                matches!(e.id, EntryId::AmdCodeObject(_)) && e.id.to_string().ends_with(target)
-            })
-            .unwrap();
-        let object = scratch.path().join(format!("{target}.co"));
-        let status = Command::new(llvm_tool("clang-offload-bundler"))
-            .args(["--unbundle", "--type=o"])
-            .arg(format!("--input={}", file.display()))
-            .arg(format!("--targets={}", entry.id))
-            .arg(format!("--output={}", object.display()))
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let disassembly = Command::new(llvm_tool("llvm-objdump"))
-            .args(["-d", &format!("--mcpu={target}")])
-            .arg(&object)
-            .output()
-            .unwrap();
-        assert!(disassembly.status.success());
-        let text = String::from_utf8(disassembly.stdout).unwrap();
+        let text = amd_disassembly(&bundle, &module.file, target, scratch.path());
         for record in &records {
             let body = function_body(&text, &record.symbol)
                 .unwrap_or_else(|| panic!("{} not in the disassembly for {target}", record.symbol));
@@ -122,11 +91,7 @@ fn gemm_fits_every_amd_target_and_uses_its_mfma() {
             } else {
                 (f16_mfma, bf16_mfma)
             };
-            // Every mnemonic in the body, so that `_bf16` does not also match `_bf16_1k`.
-            let mnemonics: Vec<&str> = body
-                .lines()
-                .filter_map(|line| line.split_whitespace().next())
-                .collect();
+            let mnemonics = mnemonics(body);
             let count = mnemonics.iter().filter(|&&m| m == want).count();
             // Atoms a wave holds (4 x 4 of a 64 x 64 wave block; 1 x 2 of split K's 16 x 32)
             // times the 32-deep step's k over the atom's kK.
@@ -158,15 +123,7 @@ fn gemm_computes_on_the_cdna_emulator() {
     };
     let scratch = tempfile::tempdir().unwrap();
     let bundle = build_gemm(scratch.path());
-    // The Python of .venv, where scripts/setup installs hkload, whose contracts give the
-    // launch shapes; any python3 otherwise (the script says what it lacks).
-    let venv = repo().join(".venv/bin/python");
-    let python = if venv.is_file() {
-        venv
-    } else {
-        "python3".into()
-    };
-    let output = Command::new(python)
+    let output = Command::new(python())
         .arg(repo().join("tests/emu/gemm_emu.py"))
         .arg(&bundle)
         .env("HK_TINYGRAD", tree)
@@ -175,14 +132,6 @@ fn gemm_computes_on_the_cdna_emulator() {
     let text = String::from_utf8_lossy(&output.stdout);
     eprintln!("{text}{}", String::from_utf8_lossy(&output.stderr));
     assert!(output.status.success(), "gemm_emu.py failed");
-}
-
-/// The instructions of function `symbol` in `llvm-objdump -d` output.
-fn function_body<'a>(disassembly: &'a str, symbol: &str) -> Option<&'a str> {
-    let start = disassembly.find(&format!("<{symbol}>:\n"))?;
-    let body = &disassembly[start..];
-    let end = body.find("\n\n").unwrap_or(body.len());
-    Some(&body[..end])
 }
 
 /// Indexes a private array by a run-time value, which puts it in scratch memory.

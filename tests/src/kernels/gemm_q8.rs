@@ -147,9 +147,12 @@ pub fn case(
     }
 }
 
+/// `(m, n, k)` and the padding of A's, B's and C's rows.
+type Shape = ((usize, usize, usize), (usize, usize, usize));
+
 /// Tails in every dimension, M = 1, K not a multiple of the 64-deep step, a Llama-sized K, views
 /// with aligned and unaligned (element by element) rows.
-const SHAPES: [((usize, usize, usize), (usize, usize, usize)); 8] = [
+const SHAPES: [Shape; 8] = [
     ((1, 1, 1), (0, 0, 0)),
     ((7, 7, 7), (0, 0, 0)),
     ((1, 4096, 4096), (0, 0, 0)),

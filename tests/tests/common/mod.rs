@@ -73,6 +73,68 @@ pub fn llvm_tool(name: &str) -> PathBuf {
     path
 }
 
+/// Some of the repository's modules alone, built for `targets` into `dir`: a package folder
+/// with the repository's package manifest and the named module manifests (`"gemm.toml"`), and
+/// its kernels folder linked in. Returns the bundle folder.
+pub fn build_repo_modules(dir: &Path, manifests: &[&str], targets: &[&str]) -> PathBuf {
+    let folder = dir.join("manifests");
+    std::fs::create_dir_all(&folder).unwrap();
+    for file in std::iter::once(&"package.toml").chain(manifests) {
+        std::fs::copy(repo().join("manifests").join(file), folder.join(file)).unwrap();
+    }
+    std::os::unix::fs::symlink(repo().join("kernels"), dir.join("kernels")).unwrap();
+    let mut options = options(&folder, &dir.join("dist"), &shared_cache());
+    options.targets = Some(targets.iter().map(|t| t.parse().unwrap()).collect());
+    build_ok(&options).bundle
+}
+
+/// `llvm-objdump -d --mcpu=<target>` of module file `module` (in `bundle`)'s code object for
+/// AMD `target`, unbundled into `scratch`.
+pub fn amd_disassembly(bundle: &Path, module: &str, target: &str, scratch: &Path) -> String {
+    let object = scratch.join(format!("{module}.{target}.co"));
+    let status = std::process::Command::new(llvm_tool("clang-offload-bundler"))
+        .args(["--unbundle", "--type=o"])
+        .arg(format!("--input={}", bundle.join(module).display()))
+        .arg(format!("--targets=hipv4-amdgcn-amd-amdhsa--{target}"))
+        .arg(format!("--output={}", object.display()))
+        .status()
+        .unwrap();
+    assert!(status.success(), "no {target} code object in {module}");
+    let disassembly = std::process::Command::new(llvm_tool("llvm-objdump"))
+        .args(["-d", &format!("--mcpu={target}")])
+        .arg(&object)
+        .output()
+        .unwrap();
+    assert!(disassembly.status.success());
+    String::from_utf8(disassembly.stdout).unwrap()
+}
+
+/// The instructions of function `symbol` in `llvm-objdump -d` output.
+pub fn function_body<'a>(disassembly: &'a str, symbol: &str) -> Option<&'a str> {
+    let start = disassembly.find(&format!("<{symbol}>:\n"))?;
+    let body = &disassembly[start..];
+    let end = body.find("\n\n").unwrap_or(body.len());
+    Some(&body[..end])
+}
+
+/// Every mnemonic of a disassembled body, so that `_bf16` does not also match `_bf16_1k`.
+pub fn mnemonics(body: &str) -> Vec<&str> {
+    body.lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .collect()
+}
+
+/// The Python of .venv, where scripts/setup installs hkload (the emulator scripts take launch
+/// shapes from its contracts); any python3 otherwise (the scripts say what they lack).
+pub fn python() -> PathBuf {
+    let venv = repo().join(".venv/bin/python");
+    if venv.is_file() {
+        venv
+    } else {
+        "python3".into()
+    }
+}
+
 /// A small package in a temporary folder: `package.toml` with the given targets and one
 /// module per `(name, source, manifest body)`.
 pub struct TempPackage {

@@ -22,6 +22,12 @@
 namespace hk::tile {
 
 template <typename T> struct MmaAtom {
+  // The 8-bit atoms are specializations (hk/tile/mfma8.h); an 8-bit type that reaches this one
+  // has no instruction here, and above all must not run on the other FP8 format's.
+  static_assert(sizeof(T) == 2,
+                "no MFMA of this target multiplies this element type: the FP8 MFMA reads "
+                "fp8_e4m3fnuz on gfx942 and fp8_e4m3fn on gfx950, gfx90a has none "
+                "(hk/tile/mfma8.h)");
 #if defined(__gfx950__)
   static constexpr unsigned kK = 32;
 #else

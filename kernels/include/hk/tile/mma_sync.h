@@ -66,6 +66,11 @@ HK_DEVICE void mma_m16n8k16(float* d, const unsigned (&a)[4], unsigned b0, unsig
 }  // namespace detail
 
 template <typename T> struct MmaAtom {
+  // The 8-bit atoms are specializations (hk/tile/mma_sync8.h); an 8-bit type that reaches this
+  // one has no instruction here.
+  static_assert(sizeof(T) == 2,
+                "no mma.sync of this target multiplies this element type: FP8 mma.sync reads "
+                "fp8_e4m3fn only, on sm_89 and later (hk/tile/mma_sync8.h)");
   static constexpr unsigned kM = 16, kN = 16, kK = 16;
   struct A { unsigned r[4]; };
   struct B { unsigned r[4]; };  // two 8-column halves, two registers each

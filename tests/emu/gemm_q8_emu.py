@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""The 8-bit GEMMs' AMD code objects (kernels/gemm_q8.hip) on tinygrad's CDNA emulator, against
+a float64 reference from the same quantized values and scales. The emulator harness (code
+object mapping, launch state, guarded buffers) is gemm_emu.py's; this adds the 8-bit cases.
+
+usage: HK_TINYGRAD=<tinygrad source tree> gemm_q8_emu.py BUNDLE MODULE TARGETS
+       (BUNDLE holds MODULE alone, built for the comma-separated AMD TARGETS;
+       cargo test -p hk-tests --test gemm_q8_amd runs it when HK_TINYGRAD is set)
+
+Skips cleanly (exit 0) as gemm_emu.py does. What the emulator cannot run, and what checks it
+instead (amd-emulator.md lists the faults):
+- int8, every target (NOT_EMULATED below): on gfx90a the emulator decodes with gfx942's opcode
+  map, where v_mfma_i32_16x16x16i8's encoding is another instruction; on gfx942 and gfx950 it
+  cannot compile its own model of v_mfma_i32_16x16x32_i8 / 16x16x64_i8. One case runs and is
+  reported, never counted. Checked instead: statically (gemm_q8_amd.rs: the instruction and
+  its count, no spills), and the same source's int8 path (copies, tile layout, scales,
+  epilogue) on NVIDIA by gpu_parity; the AMD int8 atom's lane layout is mfma8.h's FP8 one,
+  which runs here.
+- gfx942 FP8: the emulator reads every FP8 byte as OCP E4M3, which gfx942's MFMA reads as FNUZ.
+  For codes other than 0x80 and 0x7F / 0xFF an OCP value is exactly twice the FNUZ one (one
+  less in the exponent bias; checked here on every code the inputs use, by two independent
+  decoders), so the inputs avoid those codes and a_scale is passed divided by 4: every such
+  result is labelled "corrected". Which format gfx942's code reads is proven statically
+  (gemm_q8_amd.rs: ELF processor against the kernels' pointee types, and the compiler refusing
+  OCP for gfx942).
+
+Each case checks C against the reference bound and that nothing outside C changed; each target
+also runs a deliberately broken copy (its first 8-bit MFMA turned into another one), which must
+fail.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gemm_emu  # noqa: E402
+from gemm_emu import LLVM, POISON16, Buffer, CodeObject, file_offset, from_bits, kernel_metadata, launch, to_bits, unbundle  # noqa: E402
+
+# (target, mnemonic) -> the high half of its first dword (llvm-mc -show-encoding), and the
+# instruction a broken copy gets instead: i8 -> FP8 (f32 sums read as i32), i8 k64 -> k32 (half
+# of k dropped), FP8 x FP8 -> FP8 x BF8 (B read as E5M2).
+MFMA = {
+    "gfx90a": {"i8": (0xD3D5, None)},
+    "gfx942": {"i8": (0xD3D7, 0xD3F3), "fp8": (0xD3F3, 0xD3F2)},
+    "gfx950": {"i8": (0xD3B6, 0xD3D7), "fp8": (0xD3F3, 0xD3F2)},
+}
+# (element kind, target) whose runs cannot count, and why (measured on the 2026-08 snapshot):
+# one case runs and is reported, never counted.
+NOT_EMULATED = {
+    ("i8", "gfx90a"): "the emulator decodes gfx942's opcode map, in which v_mfma_i32_16x16x16i8 is another instruction",
+    ("i8", "gfx942"): "the emulator's C for v_mfma_i32_16x16x32_i8 does not compile (int4 assigned to unsigned int4)",
+    ("i8", "gfx950"): "the emulator's C for v_mfma_i32_16x16x64_i8 does not compile (int4 assigned to unsigned int4)",
+}
+
+
+def decode_e4m3(code, fnuz):
+    """The value of an E4M3 byte: OCP (bias 7, 0x7F/0xFF NaN) or FNUZ (bias 8, 0x80 NaN)."""
+    sign = -1.0 if code & 0x80 else 1.0
+    exponent, mantissa = (code >> 3) & 0xF, code & 7
+    if fnuz and code == 0x80 or not fnuz and code & 0x7F == 0x7F:
+        return math.nan
+    bias = 8 if fnuz else 7
+    if exponent == 0:
+        return sign * mantissa / 8 * 2.0 ** (1 - bias)
+    return sign * (1 + mantissa / 8) * 2.0 ** (exponent - bias)
+
+
+def element_bits(np, rng, count, element):
+    """(uint8 bits, the float64 values they hold) for `count` random elements."""
+    if element == "i8":
+        bits = rng.integers(-128, 128, count).astype(np.int8).view(np.uint8)
+        return bits, bits.view(np.int8).astype(np.float64)
+    fnuz = element == "fp8_e4m3fnuz"
+    # Every code but NaN and, so that the emulator's OCP reading is exactly twice the FNUZ
+    # value, the codes the formats give other meanings (0x80, 0x7F, 0xFF).
+    codes = np.array([c for c in range(256) if c not in (0x80, 0x7F, 0xFF)], dtype=np.uint8)
+    bits = rng.choice(codes, count)
+    table = np.array([decode_e4m3(c, fnuz) for c in range(256)])
+    return bits, table[bits]
+
+
+def check_ocp_is_twice_fnuz(bits):
+    """The gfx942 correction's premise, on every code the inputs use."""
+    for code in set(int(c) for c in bits):
+        ocp, fnuz = decode_e4m3(code, False), decode_e4m3(code, True)
+        # An independent decoder: FNUZ's value as E4M3 with bias 8, from the bits by arithmetic.
+        assert ocp == 2 * fnuz, f"code {code:#x}: OCP {ocp} is not twice FNUZ {fnuz}"
+
+
+def symbol(module, scales, bias):
+    b = "_bias" if bias else ""
+    if module == "gemm_a8w8":
+        return f"gemm_a8w8_nt{b}_bf16"
+    return f"{module}_nt_{scales}{b}_bf16"
+
+
+def check(np, run_asm, co, meta, kernels, module, target, case, rng):
+    """One case: (scales, bias, m, n, k, (pad a, pad b, pad c)). Returns (ok, worst, label)."""
+    scales, bias, m, n, k, (pa, pb, pc) = case
+    element = "i8" if module == "gemm_a8w8" else module[len("gemm_"):]
+    lda, ldb, ldc = k + pa, k + pb, n + pc
+    a_bits, a_vals = element_bits(np, rng, (m - 1) * lda + k, element)
+    b_bits, b_vals = element_bits(np, rng, (n - 1) * ldb + k, element)
+    a = Buffer(np, a_bits.size, np.uint8, 0)
+    b = Buffer(np, b_bits.size, np.uint8, 0)
+    a.view[:], b.view[:] = a_bits, b_bits
+    per_tensor = scales == "per_tensor"
+    a_scale_vals = rng.uniform(0.5, 2, 1 if per_tensor else m).astype(np.float32)
+    b_scale_vals = rng.uniform(0.5, 2, 1 if per_tensor else n).astype(np.float32)
+    corrected = element == "fp8_e4m3fnuz"
+    if corrected:
+        check_ocp_is_twice_fnuz(np.concatenate([a_bits, b_bits]))
+    a_scale = Buffer(np, a_scale_vals.size, np.float32, np.nan)
+    b_scale = Buffer(np, b_scale_vals.size, np.float32, np.nan)
+    # Exact: a power of two, the scales far from f32's subnormals.
+    a_scale.view[:] = a_scale_vals / 4 if corrected else a_scale_vals
+    b_scale.view[:] = b_scale_vals
+    c = Buffer(np, (m - 1) * ldc + n, np.uint16, POISON16)
+    av = np.stack([a_vals[i * lda:i * lda + k] for i in range(m)])
+    bv = np.stack([b_vals[j * ldb:j * ldb + k] for j in range(n)])
+    sums = av @ bv.T
+    spread = np.sqrt((av * av) @ (bv * bv).T)
+    scale = (a_scale_vals[0] * b_scale_vals[0] if per_tensor
+             else np.outer(a_scale_vals.astype(np.float64), b_scale_vals.astype(np.float64)))
+    want = sums * scale
+    pointers = [(c.address, "bf16", c.n), (a.address, element, a.n), (b.address, element, b.n),
+                (a_scale.address, "f32", a_scale.n), (b_scale.address, "f32", b_scale.n)]
+    if bias:
+        bias_bits, bias_vals = to_bits(np, rng.uniform(-4, 4, n), "bf16")
+        bias_buf = Buffer(np, n, np.uint16, POISON16)
+        bias_buf.view[:] = bias_bits
+        pointers.append((bias_buf.address, "bf16", n))
+        want = want + bias_vals
+    name = symbol(module, scales, bias)
+    scalars = [m, n, k, lda, ldb, ldc]
+    grid, block = gemm_emu.launch_shape(kernels, name, pointers, scalars, 1)
+    launch(run_asm, co, meta, name, grid, block, [p[0] for p in pointers] + scalars)
+    got = from_bits(np, np.stack([c.view[i * ldc:i * ldc + n] for i in range(m)]), "bf16")
+    # f32 sums (exact for int8), two f32 scalings and a bias add, then bf16's rounding.
+    bound = (2.0 ** -8 * np.abs(want) + k * 2.0 ** -22 * spread * np.abs(scale)
+             + 4 * 2.0 ** -24 * np.abs(sums * scale) + 2.0 ** -130)
+    err = np.abs(got - want)
+    ok = bool((err <= bound).all())
+    worst = float(np.max(err / bound)) if not np.isnan(err).any() else math.inf
+    gaps = [c.view[i * ldc + n:(i + 1) * ldc] for i in range(m - 1)]
+    ok &= all(bool((g == POISON16).all()) for g in gaps) and c.guards_intact(POISON16)
+    label = f"{name} m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc}" + (" corrected" if corrected else "")
+    return ok, worst, label
+
+
+def cases(module):
+    schemes = ["per_token"] if module == "gemm_a8w8" else ["per_tensor", "per_token"]
+    out = []
+    for scales in schemes:
+        out += [
+            (scales, False, 33, 70, 61, (2, 1, 2)),     # unaligned rows: element by element
+            (scales, True, 130, 129, 96, (16, 0, 3)),   # 2 x 2 blocks, aligned rows, a K tail
+            (scales, True, 1, 17, 200, (0, 8, 0)),      # M = 1; rows of B unaligned
+        ]
+    return out
+
+
+def broken_copy(data, co, kernel, target, element):
+    """The code object with the first 8-bit MFMA of `kernel` turned into another one."""
+    op, other = MFMA[target][element]
+    start, size = co.symbols()[kernel]
+    broken = bytearray(data)
+    text = file_offset(broken, start)
+    for at in range(text, text + size, 4):
+        if struct.unpack_from("<H", broken, at + 2)[0] == op:
+            struct.pack_into("<H", broken, at + 2, other)
+            return bytes(broken)
+    raise SystemExit(f"no {op:#x} MFMA in {kernel} for {target}")
+
+
+def main():
+    run_asm = gemm_emu.load_emulator()
+    import numpy as np
+    import hkload
+    import hkload.testing
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    bundle, module, targets = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+    element = "i8" if module == "gemm_a8w8" else "fp8"
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = np.random.default_rng(seed)
+    print(f"gemm_q8_emu: {module}, seed {seed}")
+    failed = counted = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for target in targets:
+            reason = NOT_EMULATED.get((element, target))
+            path = os.path.join(tmp, f"{target}.co")
+            data = unbundle(bundle, target, path, module)
+            meta = kernel_metadata(path)
+            co = CodeObject(data)
+            device = hkload.testing.simulated_device(f"{target}:sramecc+:xnack-")
+            kernels = hkload.Bundle(bundle).load(device)
+            if reason:
+                case = cases(module)[0]
+                try:
+                    ok, worst, label = check(np, run_asm, co, meta, kernels, module, target, case, rng)
+                    outcome = f"{'passed' if ok else 'failed'}, worst {worst:.3g} of the bound"
+                except RuntimeError as error:  # the emulator's own
+                    outcome = f"emulator error: {str(error)[:120]}"
+                print(f"NOT COUNTED {target} {symbol(module, case[0], case[1])}: {reason}; this run {outcome}", flush=True)
+                continue
+            for case in cases(module):
+                ok, worst, label = check(np, run_asm, co, meta, kernels, module, target, case, rng)
+                failed += not ok
+                counted += 1
+                print(f"{'PASS' if ok else 'FAIL'} {target} {label}  worst {worst:.3f} of the bound", flush=True)
+            kernel = symbol(module, cases(module)[1][0], True)
+            broken = CodeObject(broken_copy(data, co, kernel, target, element))
+            ok, worst, label = check(np, run_asm, broken, meta, kernels, module, target, cases(module)[1], rng)
+            failed += ok
+            print(f"{'caught' if not ok else 'NOT CAUGHT'} {target} broken kernel (one MFMA changed): {label}  worst {worst:.3g}", flush=True)
+    print(f"gemm_q8_emu: {'FAILED' if failed else 'all passed'} ({failed} of {counted} counted cases failed)")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+//! The 8-bit GEMM modules on AMD, statically (no AMD GPU runs here): `gemm_a8w8` (int8) for
+//! gfx90a, gfx942 and gfx950, `gemm_fp8_e4m3fnuz` for gfx942 and `gemm_fp8_e4m3fn` for gfx950,
+//! built by the real hkpack. Every code object reads back with `llvm-readelf`, every kernel
+//! fits its target without spills or scratch, and its disassembly (`llvm-objdump
+//! --mcpu=<target>`) holds exactly the target's 8-bit MFMA and no other. Each FP8 format goes
+//! to the target whose MFMA reads it, proven on the code objects (their ELF machine against
+//! their kernels' pointee types) and by the compiler refusing the other format.
+//!
+//! With `HK_TINYGRAD` set to a tinygrad source tree, the code also runs on its CDNA emulator
+//! against an f64 reference (`tests/emu/gemm_q8_emu.py`, which says what it cannot run there);
+//! without it that test says it skipped and passes.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use hkload::Bundle;
+use hkload::manifest::{BundleManifest, MANIFEST_FILE};
+use hkload::target::TargetId;
+
+/// `(target, LDS bytes a workgroup may have, int8 MFMA, its count in a kernel)`: eight atoms a
+/// wave (64 x 32 of 16 x 16) times the 64-byte step's k over the instruction's k.
+const TARGETS: [(&str, u32, &str, usize); 3] = [
+    ("gfx90a", 64 * 1024, "v_mfma_i32_16x16x16i8", 8 * 4),
+    ("gfx942", 64 * 1024, "v_mfma_i32_16x16x32_i8", 8 * 2),
+    ("gfx950", 160 * 1024, "v_mfma_i32_16x16x64_i8", 8),
+];
+
+/// The FP8 MFMA of gfx942 and gfx950 (one encoding, read as FNUZ on gfx942 and OCP on
+/// gfx950), and its count: eight atoms a wave times 64 / 32.
+const FP8_MFMA: (&str, usize) = ("v_mfma_f32_16x16x32_fp8_fp8", 8 * 2);
+
+/// `(module, the AMD target it is built for, its element type as the ABI names it)`: each FP8
+/// format goes only where the MFMA reads it.
+const FP8_MODULES: [(&str, &str, &str); 2] = [
+    ("gemm_fp8_e4m3fnuz", "gfx942", "fp8_e4m3fnuz"),
+    ("gemm_fp8_e4m3fn", "gfx950", "fp8_e4m3fn"),
+];
+
+const MANIFESTS: [&str; 3] = [
+    "gemm_a8w8.toml",
+    "gemm_fp8_e4m3fnuz.toml",
+    "gemm_fp8_e4m3fn.toml",
+];
+
+fn build_q8(dir: &Path) -> std::path::PathBuf {
+    let targets: Vec<&str> = TARGETS.iter().map(|t| t.0).collect();
+    build_repo_modules(dir, &MANIFESTS, &targets)
+}
+
+/// The processor `llvm-readelf -h` reads from a code object's ELF header (its `e_flags`).
+fn elf_processor(object: &Path) -> String {
+    let output = Command::new(llvm_tool("llvm-readelf"))
+        .args(["-h", "--notes"])
+        .arg(object)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "llvm-readelf rejects {}: {}",
+        object.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    let flags = text
+        .lines()
+        .find(|line| line.trim_start().starts_with("Flags:"))
+        .unwrap_or_else(|| panic!("no Flags line in llvm-readelf -h of {}", object.display()));
+    flags
+        .split(',')
+        .map(str::trim)
+        .find(|part| part.starts_with("gfx"))
+        .unwrap_or_else(|| panic!("no processor in `{flags}`"))
+        .to_owned()
+}
+
+#[test]
+fn q8_gemms_fit_every_amd_target_and_use_its_mfma() {
+    let scratch = tempfile::tempdir().unwrap();
+    let bundle = build_q8(scratch.path());
+    let manifest =
+        BundleManifest::from_toml(&std::fs::read_to_string(bundle.join(MANIFEST_FILE)).unwrap())
+            .unwrap();
+    let kernels = Bundle::open(&bundle).unwrap();
+    let records = kernels.kernel_records().unwrap();
+    assert_eq!(records.len(), 2 + 4 + 4);
+
+    let mut checked = 0;
+    for module in &manifest.modules {
+        let fp8 = FP8_MODULES.iter().find(|m| m.0 == module.name);
+        for &(target, lds_limit, int8_mfma, int8_count) in &TARGETS {
+            if fp8.is_some_and(|m| m.1 != target) {
+                continue;
+            }
+            let (want, count) = match fp8 {
+                Some(_) => FP8_MFMA,
+                None => (int8_mfma, int8_count),
+            };
+            let text = amd_disassembly(&bundle, &module.file, target, scratch.path());
+            let target_id: TargetId = target.parse().unwrap();
+            for symbol in &module.kernels {
+                let abi = records
+                    .iter()
+                    .find(|r| &r.symbol == symbol)
+                    .and_then(|r| r.abi_for(&target_id))
+                    .unwrap_or_else(|| panic!("{symbol} has no code for {target}"));
+                assert_eq!(abi.spills, 0, "{symbol} spills on {target}");
+                assert_eq!(
+                    abi.private_segment_size, 0,
+                    "{symbol} needs scratch on {target}"
+                );
+                assert!(
+                    abi.group_segment_size > 0 && abi.group_segment_size <= lds_limit,
+                    "{symbol} uses {} bytes of LDS on {target}, limit {lds_limit}",
+                    abi.group_segment_size
+                );
+                let body = function_body(&text, symbol)
+                    .unwrap_or_else(|| panic!("{symbol} not in the disassembly for {target}"));
+                let mfmas: Vec<&str> = mnemonics(body)
+                    .into_iter()
+                    .filter(|m| m.starts_with("v_mfma"))
+                    .collect();
+                assert_eq!(
+                    mfmas.iter().filter(|&&m| m == want).count(),
+                    count,
+                    "{symbol} on {target}: expected {count} x {want}, found {mfmas:?}"
+                );
+                assert!(
+                    mfmas.iter().all(|&m| m == want),
+                    "{symbol} on {target} has another MFMA than {want}: {mfmas:?}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    // int8 on three targets, each FP8 format on one.
+    assert_eq!(checked, 2 * 3 + 4 + 4);
+}
+
+#[test]
+fn each_fp8_format_is_built_only_for_the_target_whose_mfma_reads_it() {
+    let scratch = tempfile::tempdir().unwrap();
+    let bundle = build_q8(scratch.path());
+    let manifest =
+        BundleManifest::from_toml(&std::fs::read_to_string(bundle.join(MANIFEST_FILE)).unwrap())
+            .unwrap();
+    let kernels = Bundle::open(&bundle).unwrap();
+    let records = kernels.kernel_records().unwrap();
+    for (name, target, element) in FP8_MODULES {
+        let module = manifest.modules.iter().find(|m| m.name == name).unwrap();
+        // The module holds one AMD code object, and its ELF header says which processor it
+        // was compiled for: the one whose MFMA reads `element`.
+        let amd: Vec<String> = module
+            .entries
+            .iter()
+            .map(|e| e.id.to_string())
+            .filter(|id| id.starts_with("hipv4-amdgcn"))
+            .collect();
+        assert_eq!(amd, [format!("hipv4-amdgcn-amd-amdhsa--{target}")]);
+        let object = scratch.path().join(format!("{name}.co"));
+        let status = Command::new(llvm_tool("clang-offload-bundler"))
+            .args(["--unbundle", "--type=o"])
+            .arg(format!("--input={}", bundle.join(&module.file).display()))
+            .arg(format!("--targets={}", amd[0]))
+            .arg(format!("--output={}", object.display()))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        assert_eq!(elf_processor(&object), target);
+        // Its kernels take that format: the signature hkpack checked against the type the
+        // source declares, which hkload's argument checks then hold every call to.
+        for symbol in &module.kernels {
+            let record = records.iter().find(|r| &r.symbol == symbol).unwrap();
+            let operands: Vec<String> = record
+                .args
+                .iter()
+                .filter(|p| p.name == "a" || p.name == "b")
+                .map(|p| p.ty.to_string())
+                .collect();
+            assert_eq!(
+                operands,
+                [format!("*const {element}"), format!("*const {element}")],
+                "{symbol}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_compiler_refuses_an_fp8_format_the_target_mfma_does_not_read() {
+    // Each FP8 module built for the other FP8 target, as if its skip_targets were forgotten.
+    for (name, _, element) in FP8_MODULES {
+        let (_, other, other_element) = FP8_MODULES.iter().find(|m| m.0 != name).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let folder = scratch.path().join("manifests");
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::copy(
+            repo().join("manifests/package.toml"),
+            folder.join("package.toml"),
+        )
+        .unwrap();
+        let text = std::fs::read_to_string(repo().join(format!("manifests/{name}.toml"))).unwrap();
+        let unskipped: String = text
+            .lines()
+            .filter(|line| !line.starts_with("skip_targets"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        assert_ne!(unskipped, text, "{name}.toml has no skip_targets line");
+        std::fs::write(folder.join(format!("{name}.toml")), unskipped).unwrap();
+        std::os::unix::fs::symlink(repo().join("kernels"), scratch.path().join("kernels")).unwrap();
+        let mut options = options(&folder, &scratch.path().join("dist"), &shared_cache());
+        options.targets = Some(vec![other.parse().unwrap()]);
+        let error = match hkpack::build(&options) {
+            Ok(report) => panic!("{name} built for {other}, which reads {other_element}: {report}"),
+            Err(e) => e.to_string(),
+        };
+        for part in [
+            format!("{name} for {other}"),
+            format!("sizeof(hk::{element}) == 2"),
+            "no MFMA of this target multiplies this element type".into(),
+        ] {
+            assert!(error.contains(&part), "`{part}` not in:\n{error}");
+        }
+    }
+}
+
+#[test]
+fn q8_gemms_compute_on_the_cdna_emulator() {
+    let Some(tree) = std::env::var_os("HK_TINYGRAD") else {
+        eprintln!("skipped: set HK_TINYGRAD to a tinygrad source tree to run the CDNA emulator");
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let mut failed = Vec::new();
+    // One bundle per module: each then loads (for its launch shapes) on every target it has.
+    for manifest in MANIFESTS {
+        let module = manifest.trim_end_matches(".toml");
+        let dir = scratch.path().join(module);
+        std::fs::create_dir_all(&dir).unwrap();
+        let targets: Vec<&str> = match FP8_MODULES.iter().find(|m| m.0 == module) {
+            Some(&(_, target, _)) => vec![target],
+            None => TARGETS.iter().map(|t| t.0).collect(),
+        };
+        let bundle = build_repo_modules(&dir, &[manifest], &targets);
+        let output = Command::new(python())
+            .arg(repo().join("tests/emu/gemm_q8_emu.py"))
+            .arg(&bundle)
+            .arg(module)
+            .arg(targets.join(","))
+            .env("HK_TINYGRAD", &tree)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        eprintln!("{text}{}", String::from_utf8_lossy(&output.stderr));
+        if !output.status.success() {
+            failed.push(module);
+        }
+    }
+    assert!(failed.is_empty(), "gemm_q8_emu.py failed for {failed:?}");
+}
