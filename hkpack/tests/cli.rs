@@ -377,3 +377,106 @@ fn llvm_readelf() -> std::path::PathBuf {
         .find(|p| p.exists())
         .unwrap_or_else(|| "llvm-readelf".into())
 }
+
+#[test]
+fn a_shared_cache_from_the_command_line_with_json_counts() {
+    let root = tempfile::tempdir().unwrap();
+    package(root.path());
+    let url = format!("file://{}", root.path().join("remote").display());
+    let build = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_hkpack"))
+            .current_dir(root.path())
+            .arg("build")
+            .args(args)
+            .env("HKPACK_CACHE_URL", &url)
+            .output()
+            .unwrap()
+    };
+    let cold = build(&["--json"]);
+    assert!(cold.status.success(), "{}", text(&cold.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&cold.stdout).unwrap();
+    assert_eq!(report["jobs"], 3, "{report:#}");
+    assert_eq!(report["compiled"], 3, "{report:#}");
+    assert_eq!(report["remote"]["written_back"], 3, "{report:#}");
+    assert_eq!(report["remote"]["url"], url.as_str(), "{report:#}");
+    assert!(report["remote"]["bytes_written"].as_u64() > Some(0));
+
+    // Another machine (no local cache), untrusted: reads everything, writes nothing.
+    std::fs::remove_dir_all(root.path().join(".hkpack-cache")).unwrap();
+    let warm = Command::new(env!("CARGO_BIN_EXE_hkpack"))
+        .current_dir(root.path())
+        .args(["build", "--cache-url", &url])
+        .env("HKPACK_CACHE_READONLY", "1")
+        .output()
+        .unwrap();
+    assert!(warm.status.success(), "{}", text(&warm.stderr));
+    let summary = text(&warm.stdout);
+    assert!(
+        summary.starts_with("3 jobs: 0 compiled, 0 cached, 3 from the remote cache"),
+        "{summary}"
+    );
+    assert!(summary.contains("0 written back (read-only)"), "{summary}");
+
+    let bad = build(&["--cache-url", "ftp://cache.example/hkpack"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        text(&bad.stderr).contains("scheme `ftp`"),
+        "{}",
+        text(&bad.stderr)
+    );
+    let bad = build(&["--cache-timeout=0"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        text(&bad.stderr).contains("`0` is not a positive number of seconds"),
+        "{}",
+        text(&bad.stderr)
+    );
+}
+
+#[test]
+fn every_compile_goes_through_the_compiler_launcher() {
+    let root = tempfile::tempdir().unwrap();
+    package(root.path());
+    let log = root.path().join("launched.txt");
+    let launcher = script(
+        root.path(),
+        "launcher",
+        &format!("echo \"$1 $2\" >> {}\nexec \"$@\"", log.display()),
+    );
+    let build = Command::new(env!("CARGO_BIN_EXE_hkpack"))
+        .current_dir(root.path())
+        .args(["build", "--quiet"])
+        .env("HKPACK_COMPILER_LAUNCHER", &launcher)
+        .output()
+        .unwrap();
+    assert!(build.status.success(), "{}", text(&build.stderr));
+    let launched = std::fs::read_to_string(&log).unwrap();
+    let mut tools: Vec<&str> = launched
+        .lines()
+        .map(|l| {
+            let (tool, first) = l.split_once(' ').unwrap();
+            let name = Path::new(tool).file_name().unwrap().to_str().unwrap();
+            if name == "ptxas" { "ptxas" } else { first }
+        })
+        .collect();
+    tools.sort();
+    // Each job's clang compile (-x hip or -x cuda) and signature probe (also -x …), and
+    // ptxas for the NVIDIA job: gfx90a, gfx942 and sm_90.
+    assert_eq!(
+        tools,
+        ["-x", "-x", "-x", "-x", "-x", "-x", "ptxas"],
+        "{launched}"
+    );
+
+    let missing = Command::new(env!("CARGO_BIN_EXE_hkpack"))
+        .current_dir(root.path())
+        .args(["build", "--compiler-launcher", "no-such-launcher --flag"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        text(&missing.stderr).contains("compiler launcher `no-such-launcher` not found on PATH"),
+        "{}",
+        text(&missing.stderr)
+    );
+}
