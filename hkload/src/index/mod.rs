@@ -143,7 +143,7 @@ impl Index {
         } else {
             let whole = Table::locate(&bytes)?;
             let records_end = whole.start;
-            let table = Table::read(bytes.clone(), whole, records..records_end)?;
+            let table = Table::read(bytes.clone(), whole, records..records_end, version)?;
             (table, OnceLock::new())
         };
         let kernels = std::iter::repeat_with(OnceLock::new)
