@@ -48,7 +48,9 @@ pub fn verify(dir: &Path, keys: &[PublicKey]) -> Vec<FileVerdict> {
     };
     // The signature is of the index's bytes, which opening the index then takes.
     let signed = signature(dir, &bytes, keys);
+    // Both of the index's digests of itself: opening checks the BLAKE3 where there is one.
     let opened = Index::open(bytes, true)
+        .and_then(|index| index.check_sha256().map(|()| index))
         .map_err(|e| e.to_string())
         .and_then(|index| {
             let manifest = index.manifest().map_err(|e| e.to_string())?.clone();
@@ -64,7 +66,12 @@ pub fn verify(dir: &Path, keys: &[PublicKey]) -> Vec<FileVerdict> {
     verdicts.push(verdict(
         INDEX_FILE,
         Ok(format!(
-            "its SHA-256 covers {} modules of format {}",
+            "its {} cover {} modules of format {}",
+            if index.blake3().is_some() {
+                "SHA-256 and BLAKE3"
+            } else {
+                "SHA-256"
+            },
             manifest.modules.len(),
             manifest.format_version
         )),

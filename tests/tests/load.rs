@@ -661,12 +661,19 @@ fn an_empty_kernel_record_far_outside_the_index_is_refused_even_with_its_digest_
     let record = first_kernel + 8;
     index[record..record + 4].copy_from_slice(&u32::MAX.to_le_bytes());
     index[record + 4..record + 8].copy_from_slice(&0u32.to_le_bytes());
-    // The digest redone: over the version string (4 bytes) and all that follows the digest.
+    // The digests redone: the version string (4 bytes), the SHA-256 (a bin8 of 32 bytes at
+    // 4..38) over it and all that follows the digests, the BLAKE3 (at 38..72) over every other
+    // byte.
     let digest = sha2::Sha256::new()
         .chain_update(&index[..4])
-        .chain_update(&index[38..])
+        .chain_update(&index[72..])
         .finalize();
     index[6..38].copy_from_slice(&digest);
+    let digest = blake3::Hasher::new()
+        .update(&index[..38])
+        .update(&index[72..])
+        .finalize();
+    index[40..72].copy_from_slice(digest.as_bytes());
 
     let index = leak(index);
     for options in [OpenOptions::default(), UNVERIFIED] {
@@ -695,9 +702,20 @@ fn a_damaged_format_version_reads_as_damage() {
             .to_string()
     };
     // Verified, any change to the version is damage, not a format this hkload cannot read.
-    for text in [b"9.3", b"0.3", b"1.2", b"1.4", b"1.6", b"1,5"] {
+    // (Read as 1.5 or later, BLAKE3 finds it; as older, SHA-256.)
+    for (text, digest) in [
+        (b"9.3", "SHA-256"),
+        (b"0.3", "SHA-256"),
+        (b"1.2", "SHA-256"),
+        (b"1.4", "SHA-256"),
+        (b"1.6", "BLAKE3"),
+        (b"1,5", "SHA-256"),
+    ] {
         let error = open(with_version(text), OpenOptions::default());
-        assert!(error.contains("SHA-256 does not match"), "{error}");
+        assert!(
+            error.contains(&format!("index's {digest} does not match its contents")),
+            "{error}"
+        );
     }
     // Unverified, the version is taken at its word, and says which way it is off.
     let error = open(with_version(b"9.3"), UNVERIFIED);
@@ -769,7 +787,7 @@ fn the_lookup_table_is_checked_against_the_records() {
     let error = Bundle::from_bytes(&[("bundle.msgpack", damaged)], OpenOptions::default())
         .unwrap_err()
         .to_string();
-    assert!(error.contains("SHA-256 does not match"), "{error}");
+    assert!(error.contains("BLAKE3 does not match"), "{error}");
     // Unverified, the table is trusted until the manifest is asked for.
     let bundle = Bundle::from_bytes(&[("bundle.msgpack", damaged)], UNVERIFIED).unwrap();
     let error = bundle.manifest().unwrap_err().to_string();
@@ -1083,4 +1101,39 @@ fn an_index_from_before_blake3_verifies_with_sha256() {
             .to_string();
         assert!(error.contains(&format!("its {digest} is")), "{error}");
     }
+}
+
+/// A 1.5 index records two digests of itself: a verified open checks the BLAKE3, which covers
+/// the SHA-256's value too, and `Index::check_sha256` (what `hkpack verify` adds) the SHA-256.
+#[test]
+fn both_digests_of_the_index_are_checked() {
+    let (_package, dir) = small_bundle(false);
+    let index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
+    let opened = Index::open(index.clone(), true).unwrap();
+    opened.check_sha256().unwrap();
+    assert_eq!(
+        opened.digest(),
+        hkload::manifest::Sha256Digest::of(&[&index[..4], &index[72..]].concat())
+    );
+    assert_eq!(
+        opened.blake3(),
+        Some(hkload::manifest::Blake3Digest::of(
+            &[&index[..38], &index[72..]].concat()
+        ))
+    );
+
+    // The SHA-256's value changed: the BLAKE3 catches it at open.
+    let mut damaged = index.clone();
+    damaged[10] ^= 1;
+    let error = Index::open(damaged.clone(), true).unwrap_err().to_string();
+    assert!(error.contains("index's BLAKE3 does not match"), "{error}");
+    // With the BLAKE3 redone to match, the SHA-256 check still finds it.
+    let digest = blake3::Hasher::new()
+        .update(&damaged[..38])
+        .update(&damaged[72..])
+        .finalize();
+    damaged[40..72].copy_from_slice(digest.as_bytes());
+    let reopened = Index::open(damaged, true).unwrap();
+    let error = reopened.check_sha256().unwrap_err().to_string();
+    assert!(error.contains("index's SHA-256 does not match"), "{error}");
 }
