@@ -555,6 +555,7 @@ impl Bundle {
             .entries()
             .find(|e| &e.id == entry)
             .expect("entries are only chosen from the manifest's own list");
+        bytes.prefetch(&image);
         let what = || format!("entry `{id}` of {}", path.display());
         if image.len() as u64 != expected.size {
             return Err(Error::Mismatch {
