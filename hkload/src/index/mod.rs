@@ -19,16 +19,16 @@
 //!    what names one build ([`Index::digest`]). These two values are the envelope of every
 //!    format, newer majors included: the digest is checked before the version is judged, so a
 //!    damaged version reads as damage, not as a newer format;
-//! 2b. (since 1.5) the BLAKE3 of every other byte of the file (the SHA-256 value included), as
+//! 3. (since 1.5) the BLAKE3 of every other byte of the file (the SHA-256 value included), as
 //!    a 32-byte binary: what a verified open checks, since SHA-256 of the repository's 87 KB
 //!    index took 42 µs of a 52 µs open on the development machine, and BLAKE3 9 µs. A damaged
 //!    version that reads as older than 1.5 takes this value for the records, and fails the
 //!    SHA-256 that does not cover it; `hkpack verify` checks both digests;
-//! 3. the records: an array of the [`BundleManifest`] (structs written as arrays) and, per
+//! 4. the records: an array of the [`BundleManifest`] (structs written as arrays) and, per
 //!    module in manifest order, an array with each kernel's [`KernelRecord`] (its signature and
 //!    per-target ABI) as a MessagePack binary, in the module's kernel order, left where it lies
 //!    in the file until the kernel is first used;
-//! 4. (since 1.2) the [`lookup`] table, as a binary: what opening a bundle and launching a
+//! 5. (since 1.2) the [`lookup`] table, as a binary: what opening a bundle and launching a
 //!    kernel need, read where it lies, so that the manifest is decoded only when asked for.
 //!    Readers of 1.1 stop after the records and never see it.
 
