@@ -86,6 +86,15 @@ digest_type!(
 );
 
 /// What the index records of some bytes: their SHA-256, and since format 1.5 their BLAKE3.
+///
+/// ```
+/// use hkload::digest::Digests;
+///
+/// let recorded = Digests::of(b"code image");
+/// assert_eq!(recorded.check(b"code image"), Ok(()));
+/// let refused = recorded.check(b"code imagf").unwrap_err();
+/// assert!(refused.starts_with("its BLAKE3 is "), "{refused}");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Digests {
     pub sha256: Sha256Digest,
