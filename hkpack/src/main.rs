@@ -30,15 +30,19 @@ enum Command {
         /// Show one kernel whole: its signature, launch contract and per-target ABI.
         #[arg(long)]
         kernel: Option<String>,
-        /// Print JSON instead of a table (with every kernel's launch contract).
+        /// Print JSON instead of a table: `{"rows": [...], "not_built": [...]}`, every row with
+        /// its kernel's launch contract, every target a module skips with the reason.
         #[arg(long)]
         json: bool,
     },
-    /// Check every file of a bundle against the digests its index records; exit 1 if any is
-    /// damaged.
+    /// Check every file of a bundle, or of a set of its packages, against every digest its
+    /// index records, a line per file. Exits 0 when every file is intact, 1 when any is
+    /// damaged or missing, 2 when the folders are not a bundle or package set.
     Verify {
-        /// The bundle folder (holding bundle.msgpack).
-        bundle: PathBuf,
+        /// The bundle folder (holding bundle.msgpack), or a package set: the index package
+        /// (or the full bundle) and any of the target packages `hkpack split` wrote from it.
+        #[arg(required = true, value_name = "BUNDLE_OR_PACKAGES")]
+        bundle: Vec<PathBuf>,
         /// A public key file (from `hkpack keygen`) whose signature the bundle must carry;
         /// repeat for several.
         #[arg(long = "key")]
@@ -226,14 +230,16 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
                     });
                 }
                 None => {
-                    let rows = inspect::rows(&bundle)?;
+                    let inspection = inspect::Inspection {
+                        rows: inspect::rows(&bundle)?,
+                        not_built: inspect::not_built(&bundle)?,
+                    };
                     emit(&if json {
-                        to_json(&rows)
+                        to_json(&inspection)
                     } else {
-                        let mut text = inspect::table(&rows);
-                        for line in inspect::not_built(&bundle)? {
-                            text.push_str(&line);
-                            text.push('\n');
+                        let mut text = inspect::table(&inspection.rows);
+                        for skipped in &inspection.not_built {
+                            text.push_str(&format!("{skipped}\n"));
                         }
                         text
                     });
@@ -256,7 +262,7 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify {
-            bundle: dir,
+            bundle: dirs,
             keys,
             json,
         } => {
@@ -264,11 +270,17 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
                 .iter()
                 .map(|path| sign::read_public_key(path))
                 .collect::<Result<Vec<_>, _>>()?;
-            let verdicts = verify::verify(&dir, &keys);
+            let verdicts = match verify::packages::verify_set(&dirs, &keys) {
+                Ok(verdicts) => verdicts,
+                Err(problem) => {
+                    eprintln!("error: {problem}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
             emit(&if json {
                 to_json(&verdicts)
             } else {
-                verify::report(&dir, &verdicts)
+                verify::report(&dirs, &verdicts)
             });
             Ok(if verdicts.iter().all(|v| v.intact) {
                 ExitCode::SUCCESS
