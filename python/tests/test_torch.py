@@ -172,7 +172,8 @@ FP8 = {
 
 
 def fp8_format(kernel: str) -> str:
-    return next(name for name in sorted(FP8, key=len, reverse=True) if name in kernel)
+    """The FP8 format a kernel's name gives (`fp8_e4m3fn`, or `e4m3fn` in `gemm_fp8_blockscale_e4m3fn_*`)."""
+    return next(name for name in sorted(FP8, key=len, reverse=True) if name.removeprefix("fp8_") in kernel)
 
 
 def to_fp8(x, dtype):
