@@ -27,6 +27,7 @@ fuzz_target!(|bytes: &[u8]| {
             abi_sha256: Sha256Digest([0; 32]),
             entries: Vec::new(),
             not_built: Vec::new(),
+            blake3: None,
         },
     };
     if let Ok(abi) = ModuleAbi::from_toml(text, &module) {

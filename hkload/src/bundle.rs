@@ -23,8 +23,8 @@ use crate::index::lookup::{KernelAt, Module, Table};
 use crate::index::{INDEX_FILE, Index};
 use crate::launch::{Arg, ArgLayout, Launched};
 use crate::manifest::{
-    BundleManifest, KernelAbi, KernelRecord, MANIFEST_FILE, ManifestError, NotBuilt, Package,
-    Sha256Digest,
+    BundleManifest, Digests, KernelAbi, KernelRecord, MANIFEST_FILE, ManifestError, NotBuilt,
+    Package, Sha256Digest,
 };
 use crate::offload;
 use crate::package_set::{self, FoundPackage};
@@ -493,7 +493,7 @@ impl Bundle {
     /// for: borrowed from the mapped file if it is a plain bundle, decompressed (only as far as
     /// the entry) if it is compressed.
     ///
-    /// The image's SHA-256 is left to the caller as an [`ImageCheck`] when verification is on:
+    /// The image's digest is left to the caller as an [`ImageCheck`] when verification is on:
     /// it may hash while the driver loads.
     fn code_image(
         &self,
@@ -535,9 +535,9 @@ impl Bundle {
                                 what: format!("module file {}", path.display()),
                                 detail: "the index's manifest does not list it".into(),
                             })?;
-                    check_sha256(
+                    check_digests(
                         &bytes,
-                        &record.sha256,
+                        &record.digests(),
                         &format!("module file {}", path.display()),
                     )?;
                 }
@@ -555,6 +555,7 @@ impl Bundle {
             .entries()
             .find(|e| &e.id == entry)
             .expect("entries are only chosen from the manifest's own list");
+        bytes.prefetch(&image);
         let what = || format!("entry `{id}` of {}", path.display());
         if image.len() as u64 != expected.size {
             return Err(Error::Mismatch {
@@ -570,7 +571,7 @@ impl Bundle {
         // and a plain bundle is often several times larger than the one image a device needs.
         // The rest of the file is checked by its format (header, zero padding).
         let check = inner.options.verifies().then(|| ImageCheck {
-            expected: expected.sha256,
+            expected: expected.digests(),
             what: what(),
             // Signed or pinned, the bytes may be an adversary's: none reaches the driver's
             // parser before its digest is checked. Verifying alone guards against damage.
@@ -690,23 +691,18 @@ fn open_module_file(
     Ok(bytes)
 }
 
-/// The SHA-256 a code image must have, checked before the driver loads it or while it does.
+/// The digests a code image must have, checked before the driver loads it or while it does:
+/// its BLAKE3 where the index records one (format 1.5), else its SHA-256.
 struct ImageCheck {
-    expected: Sha256Digest,
+    expected: Digests,
     what: String,
     /// Whether the image must be hashed before the driver sees it (signed or pinned bundles).
     before_load: bool,
 }
 
-/// Images smaller than this are hashed before the load, on the loading thread, where starting
-/// a thread would cost more than it hides: on the development machine (SHA extensions) SHA-256
-/// ran at 2.09 GB/s (661 KiB in 323 µs), so 64 KiB take about 31 µs, and a scoped thread's
-/// start and join took 23 µs (median of 200).
-const CONCURRENT_HASH_FROM: usize = 64 * 1024;
-
 impl ImageCheck {
     fn run(&self, image: &[u8]) -> Result<()> {
-        check_sha256(image, &self.expected, &self.what)
+        check_digests(image, &self.expected, &self.what)
     }
 }
 
@@ -715,9 +711,11 @@ impl ImageCheck {
 /// unloaded again if the digest is wrong. Either way nothing is launched from a module whose
 /// image did not pass: the caller gets its handle only after the check.
 ///
-/// Why concurrently: hashing a 661 KB cubin took longer than `cuModuleLoadData` of it on the
-/// H100 machine (`gpu_bench`: a verified cold start 5.07x the raw load, 1.4x unverified), and
-/// the two need nothing from each other.
+/// Why concurrently: hashing a 661 KB cubin with SHA-256 took longer than `cuModuleLoadData`
+/// of it on the H100 machine (`gpu_bench`: a verified cold start 5.07x the raw load, 1.4x
+/// unverified), and even BLAKE3's 66 µs (development machine) is time the driver's load can
+/// hide; the two need nothing from each other. Small images are hashed first: see
+/// [`Digests::concurrent_from`].
 fn load_checked(
     device: &Device,
     kind: crate::driver::ImageKind,
@@ -728,7 +726,7 @@ fn load_checked(
     let Some(check) = check else {
         return Ok(load()?);
     };
-    if check.before_load || image.len() < CONCURRENT_HASH_FROM {
+    if check.before_load || image.len() < check.expected.concurrent_from() {
         check.run(image)?;
         return Ok(load()?);
     }
@@ -749,14 +747,10 @@ fn load_checked(
     }
 }
 
-fn check_sha256(bytes: &[u8], expected: &Sha256Digest, what: &str) -> Result<()> {
-    let found = Sha256Digest::of(bytes);
-    if found == *expected {
-        return Ok(());
-    }
-    Err(Error::Mismatch {
+fn check_digests(bytes: &[u8], expected: &Digests, what: &str) -> Result<()> {
+    expected.check(bytes).map_err(|detail| Error::Mismatch {
         what: what.to_owned(),
-        detail: format!("its SHA-256 is {found}, the manifest says {expected}"),
+        detail,
     })
 }
 

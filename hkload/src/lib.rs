@@ -126,6 +126,7 @@ pub mod bundle;
 pub mod code_object;
 pub mod contract;
 pub mod device;
+pub mod digest;
 pub mod driver;
 mod error;
 pub mod file;

@@ -4,7 +4,7 @@
 //! readable record, for people and other tools (`hkpack inspect` reads the index too).
 //!
 //! ```toml
-//! format_version = "1.4"
+//! format_version = "1.5"
 //! targets = ["gfx90a", "gfx942", "gfx950", "sm_80", "sm_90"]
 //!
 //! [package]
@@ -21,6 +21,7 @@
 //! file = "rmsnorm.hipfb"
 //! size = 9472
 //! sha256 = "…"
+//! blake3 = "…"
 //! compressed = true
 //! kernels = ["rmsnorm_bf16", "rmsnorm_f16", "rmsnorm_f32"]
 //! abi_file = "rmsnorm.abi.toml"
@@ -29,6 +30,7 @@
 //! id = "hipv4-amdgcn-amd-amdhsa--gfx942"
 //! size = 5384
 //! sha256 = "…"
+//! blake3 = "…"
 //! ```
 //!
 //! and per module an ABI file, `rmsnorm.abi.toml`:
@@ -45,11 +47,12 @@
 //! ```
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::abi::Signature;
 use crate::contract::Contract;
 use crate::target::{EntryId, TargetId};
+
+pub use crate::digest::{Blake3Digest, Digests, Sha256Digest, hex};
 
 /// The file name of the manifest inside a bundle folder.
 pub const MANIFEST_FILE: &str = "bundle.toml";
@@ -61,10 +64,16 @@ pub const ABI_EXTENSION: &str = "abi.toml";
 ///
 /// 1.1 added the index, `bundle.msgpack` (see [`crate::index`]), 1.2 its lookup table, and
 /// 1.3 kernels' launch contracts ([`crate::contract`]) and the index's version string under its
-/// digest, 1.4 the targets a module is not built for ([`ModuleRecord::not_built`]); hkload
+/// digest, 1.4 the targets a module is not built for ([`ModuleRecord::not_built`]), 1.5 a
+/// BLAKE3 digest beside the SHA-256 of every module file and code image ([`crate::digest`]),
+/// which hkload checks instead on its load path, and a part of the lookup table that holds
+/// each image's; hkload
 /// reads 1.1 and 1.2 indexes too (their kernels launch only with explicit dimensions), and no
 /// bundle without an index (see [`crate::bundle`]).
-pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 4 };
+pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 5 };
+
+/// The first minor format that records BLAKE3 digests.
+pub const BLAKE3_SINCE: u32 = 5;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -137,10 +146,17 @@ pub struct ModuleRecord {
     pub abi_sha256: Sha256Digest,
     #[serde(rename = "entry")]
     pub entries: Vec<EntryRecord>,
-    /// The build targets the module opted out of, with the manifest's reason (since 1.4). Left
-    /// out when empty, so a bundle that skips nothing still reads with a 1.3 hkload.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The build targets the module opted out of, with the manifest's reason (since 1.4).
+    ///
+    /// Written even when empty: the index writes records as arrays, where a field left out
+    /// would shift `blake3` into its place. (1.4 left it out when empty, so that 1.3 readers
+    /// read such bundles; a 1.5 bundle needs a 1.5 reader anyway, for its lookup table.)
+    #[serde(default)]
     pub not_built: Vec<NotBuilt>,
+    /// BLAKE3 of the whole file (since 1.5): what hkload checks a signed bundle's module file
+    /// against.
+    #[serde(default)]
+    pub blake3: Option<Blake3Digest>,
 }
 
 /// A build target a module is not built for, by design: its manifest's `skip_targets`.
@@ -161,6 +177,30 @@ pub struct EntryRecord {
     pub size: u64,
     /// SHA-256 of the code image.
     pub sha256: Sha256Digest,
+    /// BLAKE3 of the code image (since 1.5): what hkload checks before or while the driver
+    /// loads it.
+    #[serde(default)]
+    pub blake3: Option<Blake3Digest>,
+}
+
+impl ModuleRecord {
+    /// The digests recorded of the whole module file.
+    pub fn digests(&self) -> Digests {
+        Digests {
+            sha256: self.sha256,
+            blake3: self.blake3,
+        }
+    }
+}
+
+impl EntryRecord {
+    /// The digests recorded of the code image.
+    pub fn digests(&self) -> Digests {
+        Digests {
+            sha256: self.sha256,
+            blake3: self.blake3,
+        }
+    }
 }
 
 impl NotBuilt {
@@ -275,85 +315,6 @@ pub struct KernelAbi {
     pub max_flat_workgroup_size: u32,
 }
 
-/// A SHA-256 digest, as the manifest records it: lower-case hex in the TOML files (what
-/// `sha256sum` prints), the 32 bytes themselves in the index.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Sha256Digest(pub [u8; 32]);
-
-impl Sha256Digest {
-    pub fn of(bytes: &[u8]) -> Self {
-        Self(Sha256::digest(bytes).into())
-    }
-}
-
-impl std::fmt::Display for Sha256Digest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&hex(&self.0))
-    }
-}
-
-impl std::fmt::Debug for Sha256Digest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Sha256Digest({self})")
-    }
-}
-
-impl std::str::FromStr for Sha256Digest {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("`{text}` is not a SHA-256 digest (64 lower-case hex digits)");
-        let digit = |c: u8| match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            _ => None,
-        };
-        let text_bytes = text.as_bytes();
-        if text_bytes.len() != 64 {
-            return Err(bad());
-        }
-        let mut digest = [0; 32];
-        for (byte, pair) in digest.iter_mut().zip(text_bytes.chunks_exact(2)) {
-            *byte = digit(pair[0])
-                .zip(digit(pair[1]))
-                .map(|(hi, lo)| hi << 4 | lo)
-                .ok_or_else(bad)?;
-        }
-        Ok(Self(digest))
-    }
-}
-
-impl Serialize for Sha256Digest {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if serializer.is_human_readable() {
-            crate::text::serialize(self, serializer)
-        } else {
-            serializer.serialize_bytes(&self.0)
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Sha256Digest {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        if deserializer.is_human_readable() {
-            return crate::text::deserialize(deserializer);
-        }
-        let bytes = serde_bytes::ByteArray::<32>::deserialize(deserializer)?;
-        Ok(Self(bytes.into_array()))
-    }
-}
-
-/// Lower-case hex of `bytes`, the form the manifest records digests in.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(2 * bytes.len()), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
-}
-
 /// `major.minor`; a reader refuses a newer major and accepts any minor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FormatVersion {
@@ -443,9 +404,20 @@ impl BundleManifest {
                 "module `{name}` is listed twice"
             )));
         }
+        let blake3 = self.format_version.minor >= BLAKE3_SINCE;
         for module in &self.modules {
             for file in [&module.file, &module.abi_file] {
                 check_file_name(&module.name, file)?;
+            }
+            // From 1.5 on, a digest left out would let hkload fall back to SHA-256 silently;
+            // the lookup table has no room for a missing one.
+            let missing =
+                module.blake3.is_none() || module.entries.iter().any(|e| e.blake3.is_none());
+            if blake3 && missing {
+                return Err(ManifestError::Invalid(format!(
+                    "module `{}` lacks a BLAKE3 digest, which format {} records of every module file and code image",
+                    module.name, self.format_version
+                )));
             }
             if let Some(id) = first_duplicate(module.entries.iter().map(|e| e.id)) {
                 return Err(duplicate_entry(&module.name, &id));

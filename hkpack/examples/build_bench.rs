@@ -96,6 +96,7 @@ fn options(root: &Path, jobs: usize, compress: bool) -> BuildOptions {
         jobs,
         out_dir: root.join(if compress { "dist" } else { "dist-plain" }),
         cache_dir: root.join("cache"),
+        remote_cache: None,
         compress,
         tools: ToolPaths::default(),
         progress: false,

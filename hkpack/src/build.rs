@@ -13,7 +13,7 @@ use hkload::manifest::Toolchain as ToolchainRecord;
 use hkload::target::{EntryId, TargetId};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::cache::{Cache, Identity};
+use crate::cache::{Cache, Identity, Level, Remote, RemoteOptions, RemoteReport};
 use crate::error::{Error, JobError};
 use crate::job::{Job, outputs, plan};
 use crate::manifest::Package;
@@ -34,6 +34,8 @@ pub struct BuildOptions {
     /// Where bundle folders go (`dist/`).
     pub out_dir: PathBuf,
     pub cache_dir: PathBuf,
+    /// A remote store shared by machines, behind the local cache.
+    pub remote_cache: Option<RemoteOptions>,
     /// Write CCOB-compressed module files instead of plain bundles (the default, fastest to
     /// load: hkload maps a plain file and hands the driver the image in place).
     pub compress: bool,
@@ -42,14 +44,19 @@ pub struct BuildOptions {
     pub progress: bool,
 }
 
-/// What a build did, for the one-line summary.
+/// What a build did, for the summary.
 #[derive(Debug, Clone)]
 pub struct BuildReport {
     pub bundle: PathBuf,
     pub bundle_bytes: u64,
     pub jobs: usize,
     pub compiled: usize,
-    pub cached: usize,
+    /// Jobs found in the local cache.
+    pub local_hits: usize,
+    /// Jobs read through from the remote cache.
+    pub remote_hits: usize,
+    /// What the remote cache did, when there is one.
+    pub remote: Option<RemoteReport>,
     pub elapsed: Duration,
     /// NVIDIA targets shipped as PTX only because ptxas was not found.
     pub ptx_only: Vec<TargetId>,
@@ -63,17 +70,38 @@ impl std::fmt::Display for BuildReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} job{}: {} compiled, {} cached, {:.1} s; {} ({} modules x {} targets, {} KiB)",
+            "{} job{}: {} compiled, {} cached",
             self.jobs,
             if self.jobs == 1 { "" } else { "s" },
             self.compiled,
-            self.cached,
+            self.local_hits,
+        )?;
+        if self.remote.is_some() {
+            write!(f, ", {} from the remote cache", self.remote_hits)?;
+        }
+        write!(
+            f,
+            ", {:.1} s; {} ({} modules x {} targets, {} KiB)",
             self.elapsed.as_secs_f64(),
             self.bundle.display(),
             self.modules,
             self.targets,
             self.bundle_bytes.div_ceil(1024),
         )?;
+        if let Some(remote) = &self.remote {
+            write!(
+                f,
+                "\nremote cache {}: {} written back{}, {} read, {} written",
+                remote.url,
+                remote.written_back,
+                if remote.read_only { " (read-only)" } else { "" },
+                bytes(remote.bytes_read),
+                bytes(remote.bytes_written),
+            )?;
+            if remote.unavailable {
+                write!(f, ", unavailable part of the way")?;
+            }
+        }
         if !self.ptx_only.is_empty() {
             let targets: Vec<String> = self.ptx_only.iter().map(ToString::to_string).collect();
             write!(
@@ -86,10 +114,40 @@ impl std::fmt::Display for BuildReport {
     }
 }
 
+impl BuildReport {
+    /// The report for machines (`hkpack build --json`).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "bundle": self.bundle,
+            "bundle_bytes": self.bundle_bytes,
+            "modules": self.modules,
+            "targets": self.targets,
+            "jobs": self.jobs,
+            "compiled": self.compiled,
+            "local_hits": self.local_hits,
+            "remote_hits": self.remote_hits,
+            "remote": self.remote,
+            "elapsed_s": self.elapsed.as_secs_f64(),
+            "ptx_only": self.ptx_only.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "warnings": self.warnings,
+        })
+    }
+}
+
+/// `12.3 KiB`: a byte count as people read it.
+fn bytes(count: u64) -> String {
+    match count {
+        0..1024 => format!("{count} B"),
+        1024..1_048_576 => format!("{:.1} KiB", count as f64 / 1024.0),
+        _ => format!("{:.1} MiB", count as f64 / 1_048_576.0),
+    }
+}
+
 /// One finished job.
 struct JobOutput {
     code: TargetCode,
-    compiled: bool,
+    /// Where its outputs came from; `None` when it was compiled.
+    hit: Option<Level>,
     warnings: Vec<String>,
 }
 
@@ -103,7 +161,12 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
     hkload::target::check_composition(&targets)?;
     let toolchain = Toolchain::discover(&options.tools)?;
     toolchain.check_targets(&targets)?;
-    let cache = Cache::open(&options.cache_dir)?;
+    let remote = options
+        .remote_cache
+        .as_ref()
+        .map(Remote::open)
+        .transpose()?;
+    let cache = Cache::with_remote(&options.cache_dir, remote)?;
     let left_out = modules_without_targets(&package, &targets)?;
     let jobs = plan(&package, &targets);
 
@@ -128,11 +191,18 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
         return Err(Error::Jobs(failures));
     }
 
-    let compiled = outputs.iter().filter(|o| o.compiled).count();
-    let warnings = left_out
-        .into_iter()
-        .chain(outputs.iter().flat_map(|o| o.warnings.clone()))
-        .collect();
+    let count = |hit| outputs.iter().filter(|o| o.hit == hit).count();
+    let (compiled, local_hits, remote_hits) = (
+        count(None),
+        count(Some(Level::Local)),
+        count(Some(Level::Remote)),
+    );
+    let (remote, mut warnings) = match cache.remote_report() {
+        Some((report, warnings)) => (Some(report), warnings),
+        None => (None, Vec::new()),
+    };
+    warnings.extend(left_out);
+    warnings.extend(outputs.iter().flat_map(|o| o.warnings.clone()));
     let mut per_module: Vec<_> = package
         .modules
         .iter()
@@ -174,7 +244,9 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
         bundle_bytes,
         jobs: jobs.len(),
         compiled,
-        cached: jobs.len() - compiled,
+        local_hits,
+        remote_hits,
+        remote,
         elapsed: started.elapsed(),
         ptx_only,
         warnings,
@@ -275,8 +347,8 @@ fn run_job(
     cache: &Cache,
 ) -> Result<JobOutput, String> {
     let identity = job_identity(job, package, toolchain);
-    let (dir, compiled) = match cache.lookup(&identity, &package.dir) {
-        Some(dir) => (dir, false),
+    let (dir, hit) = match cache.lookup(&identity, &package.dir) {
+        Some((dir, level)) => (dir, Some(level)),
         None => {
             let scratch = cache.scratch().map_err(|e| e.to_string())?;
             job.run(package, toolchain, scratch.path())
@@ -285,13 +357,13 @@ fn run_job(
             let dir = cache
                 .store(&identity, &package.dir, scratch, &depfile)
                 .map_err(|e| e.to_string())?;
-            (dir, true)
+            (dir, None)
         }
     };
     let (code, warnings) = read_outputs(job, package, &dir)?;
     Ok(JobOutput {
         code,
-        compiled,
+        hit,
         warnings,
     })
 }

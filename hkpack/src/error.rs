@@ -2,6 +2,7 @@
 //! act on.
 
 use crate::cache::CacheError;
+use crate::cache::storage::StorageError;
 use crate::manifest::ManifestError;
 use crate::package::PackageError;
 use crate::toolchain::ToolchainError;
@@ -14,6 +15,8 @@ pub enum Error {
     Toolchain(#[from] ToolchainError),
     #[error(transparent)]
     Cache(#[from] CacheError),
+    #[error(transparent)]
+    RemoteCache(#[from] StorageError),
     #[error(transparent)]
     Package(#[from] PackageError),
     #[error(transparent)]

@@ -132,19 +132,43 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
-/// A line per target a module skips on purpose, with the manifest's reason: "module fp8_gemm
-/// is not built for sm_80: no FP8 tensor-core instruction before sm_89".
-pub fn not_built(bundle: &Bundle) -> Result<Vec<String>, hkload::Error> {
+/// What `inspect --json` prints: the table's rows, and the targets modules skip on purpose.
+#[derive(Debug, Clone, Serialize)]
+pub struct Inspection {
+    pub rows: Vec<Row>,
+    pub not_built: Vec<NotBuiltRow>,
+}
+
+/// A target a module skips on purpose, with the manifest's reason.
+#[derive(Debug, Clone, Serialize)]
+pub struct NotBuiltRow {
+    pub module: String,
+    pub target: TargetId,
+    pub reason: String,
+}
+
+impl fmt::Display for NotBuiltRow {
+    /// `module fp8_gemm is not built for sm_80: no FP8 tensor-core instruction before sm_89`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "module {} is not built for {}: {}",
+            self.module, self.target, self.reason
+        )
+    }
+}
+
+/// Every target a module of `bundle` skips on purpose, modules in manifest order.
+pub fn not_built(bundle: &Bundle) -> Result<Vec<NotBuiltRow>, hkload::Error> {
     Ok(bundle
         .manifest()?
         .modules
         .iter()
         .flat_map(|module| {
-            module.not_built.iter().map(|skipped| {
-                format!(
-                    "module {} is not built for {}: {}",
-                    module.name, skipped.target, skipped.reason
-                )
+            module.not_built.iter().map(|skipped| NotBuiltRow {
+                module: module.name.clone(),
+                target: skipped.target,
+                reason: skipped.reason.clone(),
             })
         })
         .collect())

@@ -3,9 +3,14 @@
 //!
 //! AMD targets compile device code only and link it with lld into a bare code object:
 //! `clang -x hip --cuda-device-only -nogpuinc -nogpulib --offload-arch=gfx942
-//! -mcode-object-version=5 --no-gpu-bundle-output`. NVIDIA targets compile to PTX with the same
-//! clang (`-x cuda -nocudainc -nocudalib --cuda-gpu-arch=sm_90`), then ptxas makes a cubin.
-//! Every job then runs the signature probe ([`crate::probe`]) over the kernels it compiled.
+//! -mcode-object-version=5 --no-gpu-bundle-output -c`. NVIDIA targets compile to PTX with the
+//! same clang (`-x cuda -nocudainc -nocudalib --cuda-gpu-arch=sm_90 -c -S`), then ptxas makes
+//! a cubin. Every job then runs the signature probe ([`crate::probe`]) over the kernels it
+//! compiled.
+//!
+//! `-c` changes no output byte (a non-RDC HIP compile links its device code either way, and
+//! `-S` outranks `-c`), but it is what makes a compile cacheable for a launcher such as
+//! sccache, which passes through any command without `-c` as "not a compilation".
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -119,6 +124,7 @@ impl Job<'_> {
                 "-nogpuinc",
                 "-nogpulib",
                 "--no-gpu-bundle-output",
+                "-c",
             ]
             .map(String::from)
             .into_iter()
@@ -136,6 +142,7 @@ impl Job<'_> {
                 "--cuda-device-only",
                 "-nocudainc",
                 "-nocudalib",
+                "-c",
                 "-S",
             ]
             .map(String::from)
@@ -176,7 +183,7 @@ impl Job<'_> {
         } else {
             outputs::CODE_OBJECT
         });
-        let mut clang = Command::new(&toolchain.clang);
+        let mut clang = toolchain.command(&toolchain.clang);
         clang
             .current_dir(&package.dir)
             .args(self.clang_args(package))
@@ -193,7 +200,7 @@ impl Job<'_> {
         self.run_tool(clang, "clang")?;
 
         if let (true, Some((ptxas, _))) = (self.is_nvidia(), &toolchain.ptxas) {
-            let mut command = Command::new(ptxas);
+            let mut command = toolchain.command(ptxas);
             command
                 .args(self.ptxas_args())
                 .arg(&main_output)
@@ -232,7 +239,7 @@ impl Job<'_> {
         let probe = out.join(PROBE);
         let source = probe::source(&package.dir.join(&self.source), &names);
         self.write(&probe, source.as_bytes())?;
-        let mut clang = Command::new(&toolchain.clang);
+        let mut clang = toolchain.command(&toolchain.clang);
         clang
             .current_dir(&package.dir)
             .args(self.compile_args(package))

@@ -2,8 +2,8 @@
 //!
 //! The library does the work; the `hkpack` binary is flag parsing and wiring. A build goes
 //! [`manifest`] → [`toolchain`] → [`job`] (planned per module and target, run through the
-//! [`cache`], each ending with the signature [`probe`]) → [`signature`] check → [`package`],
-//! all driven by [`build::build`].
+//! [`cache`], local and optionally shared by machines, each ending with the signature
+//! [`probe`]) → [`signature`] check → [`package`], all driven by [`build::build`].
 
 pub mod build;
 pub mod cache;

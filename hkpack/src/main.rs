@@ -2,10 +2,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use hkload::Bundle;
 use hkload::target::TargetId;
+use hkpack::cache::RemoteOptions;
 use hkpack::toolchain::ToolPaths;
 use hkpack::{BuildOptions, inspect, sign, verify};
 
@@ -28,15 +30,19 @@ enum Command {
         /// Show one kernel whole: its signature, launch contract and per-target ABI.
         #[arg(long)]
         kernel: Option<String>,
-        /// Print JSON instead of a table (with every kernel's launch contract).
+        /// Print JSON instead of a table: `{"rows": [...], "not_built": [...]}`, every row with
+        /// its kernel's launch contract, every target a module skips with the reason.
         #[arg(long)]
         json: bool,
     },
-    /// Check every file of a bundle against the digests its index records; exit 1 if any is
-    /// damaged.
+    /// Check every file of a bundle, or of a set of its packages, against every digest its
+    /// index records, a line per file. Exits 0 when every file is intact, 1 when any is
+    /// damaged or missing, 2 when the folders are not a bundle or package set.
     Verify {
-        /// The bundle folder (holding bundle.msgpack).
-        bundle: PathBuf,
+        /// The bundle folder (holding bundle.msgpack), or a package set: the index package
+        /// (or the full bundle) and any of the target packages `hkpack split` wrote from it.
+        #[arg(required = true, value_name = "BUNDLE_OR_PACKAGES")]
+        bundle: Vec<PathBuf>,
         /// A public key file (from `hkpack keygen`) whose signature the bundle must carry;
         /// repeat for several.
         #[arg(long = "key")]
@@ -112,6 +118,26 @@ struct BuildArgs {
     /// The build cache folder.
     #[arg(long, env = "HKPACK_CACHE_DIR", default_value = ".hkpack-cache")]
     cache_dir: PathBuf,
+    /// A build cache shared by machines, behind the local one: file:///shared/path,
+    /// redis://host:port/db, webdav+http://host:port/path (or http(s)://),
+    /// s3://bucket/prefix?endpoint=URL&region=REGION (keys from AWS_ACCESS_KEY_ID and
+    /// AWS_SECRET_ACCESS_KEY).
+    #[arg(long, env = "HKPACK_CACHE_URL")]
+    cache_url: Option<String>,
+    /// Read the remote cache but never write to it (for untrusted builds).
+    #[arg(long, env = "HKPACK_CACHE_READONLY", value_parser = clap::builder::BoolishValueParser::new())]
+    cache_readonly: bool,
+    /// Seconds one remote cache read or write may take (default 10); past that the build
+    /// goes on without the remote.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    cache_timeout: Option<Duration>,
+    /// Run every clang and ptxas compile through this command, e.g. `sccache` (words
+    /// separated by spaces).
+    #[arg(long, env = "HKPACK_COMPILER_LAUNCHER", value_name = "CMD")]
+    compiler_launcher: Option<String>,
+    /// Print the summary as JSON (with the cache's counts) instead of text.
+    #[arg(long)]
+    json: bool,
     /// Parallel compile jobs (default: the number of cores).
     #[arg(short, long)]
     jobs: Option<usize>,
@@ -154,18 +180,33 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
                     .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
                 out_dir: args.out,
                 cache_dir: args.cache_dir,
+                remote_cache: args.cache_url.map(|url| RemoteOptions {
+                    url,
+                    read_only: args.cache_readonly,
+                    timeout: args.cache_timeout.unwrap_or(RemoteOptions::DEFAULT_TIMEOUT),
+                    // The AWS defaults, read by the S3 client itself.
+                    s3_credentials: None,
+                }),
                 compress: args.compress,
                 tools: ToolPaths {
                     clang: args.clang,
                     ptxas: args.ptxas,
+                    launcher: args
+                        .compiler_launcher
+                        .iter()
+                        .flat_map(|command| command.split_whitespace())
+                        .map(String::from)
+                        .collect(),
                 },
-                progress: !args.quiet,
+                progress: !args.quiet && !args.json,
             };
             let report = hkpack::build(&options)?;
             for warning in &report.warnings {
                 eprintln!("warning: {warning}");
             }
-            if !args.quiet {
+            if args.json {
+                emit(&to_json(&report.to_json()));
+            } else if !args.quiet {
                 emit(&format!("{report}\n"));
             }
             if args.split {
@@ -189,14 +230,16 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
                     });
                 }
                 None => {
-                    let rows = inspect::rows(&bundle)?;
+                    let inspection = inspect::Inspection {
+                        rows: inspect::rows(&bundle)?,
+                        not_built: inspect::not_built(&bundle)?,
+                    };
                     emit(&if json {
-                        to_json(&rows)
+                        to_json(&inspection)
                     } else {
-                        let mut text = inspect::table(&rows);
-                        for line in inspect::not_built(&bundle)? {
-                            text.push_str(&line);
-                            text.push('\n');
+                        let mut text = inspect::table(&inspection.rows);
+                        for skipped in &inspection.not_built {
+                            text.push_str(&format!("{skipped}\n"));
                         }
                         text
                     });
@@ -219,7 +262,7 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify {
-            bundle: dir,
+            bundle: dirs,
             keys,
             json,
         } => {
@@ -227,11 +270,17 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
                 .iter()
                 .map(|path| sign::read_public_key(path))
                 .collect::<Result<Vec<_>, _>>()?;
-            let verdicts = verify::verify(&dir, &keys);
+            let verdicts = match verify::packages::verify_set(&dirs, &keys) {
+                Ok(verdicts) => verdicts,
+                Err(problem) => {
+                    eprintln!("error: {problem}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
             emit(&if json {
                 to_json(&verdicts)
             } else {
-                verify::report(&dir, &verdicts)
+                verify::report(&dirs, &verdicts)
             });
             Ok(if verdicts.iter().all(|v| v.intact) {
                 ExitCode::SUCCESS
@@ -317,6 +366,15 @@ fn module_files_verdict(bundle: &Bundle, dir: &Path) -> Result<ExitCode, hkpack:
         "error: the bundle's module files do not match its index; rebuild it with `hkpack build`"
     );
     Ok(ExitCode::FAILURE)
+}
+
+/// `--cache-timeout`: a positive number of seconds.
+fn seconds(text: &str) -> Result<Duration, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|s| *s > 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| format!("`{text}` is not a positive number of seconds"))
 }
 
 fn to_json(value: &impl serde::Serialize) -> String {

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use hkload::code_object::KernelFacts;
 use hkload::index::{INDEX_FILE, Index};
 use hkload::manifest::{
-    ABI_EXTENSION, BundleManifest, EntryRecord, FORMAT_VERSION, KernelAbi, KernelRecord,
-    MANIFEST_FILE, ModuleAbi, ModuleRecord, NotBuilt, Package as PackageRecord, Provenance,
-    Sha256Digest, Toolchain as ToolchainRecord,
+    ABI_EXTENSION, Blake3Digest, BundleManifest, EntryRecord, FORMAT_VERSION, KernelAbi,
+    KernelRecord, MANIFEST_FILE, ModuleAbi, ModuleRecord, NotBuilt, Package as PackageRecord,
+    Provenance, Sha256Digest, Toolchain as ToolchainRecord,
 };
 use hkload::offload;
 use hkload::select::choose;
@@ -164,6 +164,7 @@ fn module_files(
             id: *id,
             size: image.len() as u64,
             sha256: Sha256Digest::of(image),
+            blake3: Some(Blake3Digest::of(image)),
         })
         .collect();
     let record = ModuleRecord {
@@ -186,6 +187,7 @@ fn module_files(
                 })
             })
             .collect(),
+        blake3: Some(Blake3Digest::of(&bytes)),
     };
     Ok((record, bytes, abi))
 }

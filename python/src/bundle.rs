@@ -35,24 +35,42 @@ impl PyBundle {
         trusted_keys: Vec<String>,
         expect_digest: Option<String>,
     ) -> PyResult<Self> {
-        let trusted_keys = trusted_keys
-            .iter()
-            .map(|key| {
-                key.parse()
-                    .map_err(|e| PyValueError::new_err(format!("{e}")))
-            })
-            .collect::<PyResult<_>>()?;
-        let expect_digest = expect_digest
-            .map(|digest| digest.parse().map_err(PyValueError::new_err))
-            .transpose()?;
-        let options = OpenOptions {
-            trusted_keys,
-            expect_digest,
-            ..OpenOptions::DEFAULT
-        };
+        let options = open_options(&trusted_keys, expect_digest)?;
         Ok(Self {
             bundle: Bundle::open_with(path, options).map_err(to_py)?,
         })
+    }
+
+    /// ``Bundle.open_search_path(name, path=None, trusted_keys=(), expect_digest=None)``: the
+    /// bundle ``name`` (``"hk-kernels-0.1.0"``) composed from the folders of ``path`` (a list
+    /// of folders; by default the ``HKLOAD_PATH`` environment variable, separated as ``PATH``
+    /// is): the first folder holding it whole or its index package, then each target's
+    /// package (``hk-kernels-0.1.0-gfx942``) from the first folder holding it, as ``hkpack
+    /// split`` wrote them. ``explain`` names the package each code object comes from and what
+    /// to install when none fits; a package split from another build raises ``BundleError``
+    /// naming both.
+    ///
+    /// >>> bundle = hkload.Bundle.open_search_path("hk-kernels-0.1.0", ["/opt/hk-kernels"])
+    #[staticmethod]
+    #[pyo3(signature = (name, path = None, trusted_keys = Vec::new(), expect_digest = None))]
+    fn open_search_path(
+        name: &str,
+        path: Option<Vec<std::path::PathBuf>>,
+        trusted_keys: Vec<String>,
+        expect_digest: Option<String>,
+    ) -> PyResult<Self> {
+        let options = open_options(&trusted_keys, expect_digest)?;
+        let dirs = path.unwrap_or_else(hkload::package_set::search_path_from_env);
+        Ok(Self {
+            bundle: Bundle::open_search_path(name, &dirs, options).map_err(to_py)?,
+        })
+    }
+
+    /// The SHA-256 the index records of itself (hex): what names this build, and what its
+    /// split packages record.
+    #[getter]
+    fn index_digest(&self) -> String {
+        self.bundle.index_digest().to_string()
     }
 
     /// The package's name (``"hk-kernels"``).
@@ -104,6 +122,26 @@ impl PyBundle {
     fn __repr__(&self) -> String {
         format!("{:?}", self.bundle)
     }
+}
+
+/// The options of a verified open with `trusted_keys` (`"ed25519:…"` texts) and
+/// `expect_digest` (hex), which raise `ValueError` when malformed.
+fn open_options(trusted_keys: &[String], expect_digest: Option<String>) -> PyResult<OpenOptions> {
+    let trusted_keys = trusted_keys
+        .iter()
+        .map(|key| {
+            key.parse()
+                .map_err(|e| PyValueError::new_err(format!("{e}")))
+        })
+        .collect::<PyResult<_>>()?;
+    let expect_digest = expect_digest
+        .map(|digest| digest.parse().map_err(PyValueError::new_err))
+        .transpose()?;
+    Ok(OpenOptions {
+        trusted_keys,
+        expect_digest,
+        ..OpenOptions::DEFAULT
+    })
 }
 
 /// A kernel's declared signature, with its launch contract's extents and preconditions.

@@ -135,7 +135,7 @@ def test_a_damaged_code_object_is_refused_at_load(tmp_path):
         data[at] ^= 0xFF
     module.write_bytes(bytes(data))
     kernels = hkload.Bundle(damaged).load(hkload.testing.simulated_device("sm_90"))
-    with pytest.raises(hkload.BundleError, match=r"entry `cuda-nvptx64-nvidia-cuda-sm_90` of .* its SHA-256 is"):
+    with pytest.raises(hkload.BundleError, match=r"entry `cuda-nvptx64-nvidia-cuda-sm_90` of .* its BLAKE3 is"):
         kernels.preload()
 
 

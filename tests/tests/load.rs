@@ -559,7 +559,7 @@ fn a_bundle_folder_gives_the_driver_what_the_embedded_files_give() {
     let mut damaged = module.clone();
     damaged[len - 1] ^= 0x5a;
     let error = error_with(&damaged);
-    assert!(error.contains("its SHA-256 is"), "{error}");
+    assert!(error.contains("its BLAKE3 is"), "{error}");
     let (_compressed_package, compressed_dir) = small_bundle(true);
     let mut compressed = std::fs::read(compressed_dir.join("scale.hipfb")).unwrap();
     compressed.resize(len, 0);
@@ -687,23 +687,31 @@ fn an_empty_kernel_record_far_outside_the_index_is_refused_even_with_its_digest_
     let mut index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
     let len = index.len();
     // The table's layout (index/lookup.rs): a 40-byte header whose last five numbers count
-    // ID rows (8 bytes each), module rows (41), entry rows (44), kernel rows (16) and text;
-    // the footer's first four bytes give the table's size.
+    // ID rows (8 bytes each), module rows (41), entry rows (44; as many BLAKE3 rows of 32
+    // follow them), kernel rows (16) and text; the footer's first four bytes give the table's
+    // size.
     let table = len - u32::from_le_bytes(index[len - 8..len - 4].try_into().unwrap()) as usize;
     let count =
         |at: usize| u32::from_le_bytes(index[table + at..table + at + 4].try_into().unwrap());
     let (ids, modules, entries) = (count(20), count(24), count(28));
     let first_kernel =
-        table + 40 + 8 * ids as usize + 41 * modules as usize + 44 * entries as usize;
+        table + 40 + 8 * ids as usize + 41 * modules as usize + (44 + 32) * entries as usize;
     let record = first_kernel + 8;
     index[record..record + 4].copy_from_slice(&u32::MAX.to_le_bytes());
     index[record + 4..record + 8].copy_from_slice(&0u32.to_le_bytes());
-    // The digest redone: over the version string (4 bytes) and all that follows the digest.
+    // The digests redone: the version string (4 bytes), the SHA-256 (a bin8 of 32 bytes at
+    // 4..38) over it and all that follows the digests, the BLAKE3 (at 38..72) over every other
+    // byte.
     let digest = sha2::Sha256::new()
         .chain_update(&index[..4])
-        .chain_update(&index[38..])
+        .chain_update(&index[72..])
         .finalize();
     index[6..38].copy_from_slice(&digest);
+    let digest = blake3::Hasher::new()
+        .update(&index[..38])
+        .update(&index[72..])
+        .finalize();
+    index[40..72].copy_from_slice(digest.as_bytes());
 
     let index = leak(index);
     for options in [OpenOptions::default(), UNVERIFIED] {
@@ -721,7 +729,7 @@ fn an_empty_kernel_record_far_outside_the_index_is_refused_even_with_its_digest_
 fn a_damaged_format_version_reads_as_damage() {
     let (_package, dir) = small_bundle(false);
     let index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
-    // The version string is a MessagePack fixstr at the file's start: 0xa3, then `1.4`.
+    // The version string is a MessagePack fixstr at the file's start: 0xa3, then `1.5`.
     let version = [&[0xa3][..], FORMAT_VERSION.to_string().as_bytes()].concat();
     assert_eq!(index[..4], version);
     let with_version = |text: &[u8; 3]| leak([&[0xa3][..], text, &index[4..]].concat());
@@ -732,9 +740,20 @@ fn a_damaged_format_version_reads_as_damage() {
             .to_string()
     };
     // Verified, any change to the version is damage, not a format this hkload cannot read.
-    for text in [b"9.3", b"0.3", b"1.2", b"1.3", b"1.5", b"1,4"] {
+    // (Read as 1.5 or later, BLAKE3 finds it; as older, SHA-256.)
+    for (text, digest) in [
+        (b"9.3", "SHA-256"),
+        (b"0.3", "SHA-256"),
+        (b"1.2", "SHA-256"),
+        (b"1.4", "SHA-256"),
+        (b"1.6", "BLAKE3"),
+        (b"1,5", "SHA-256"),
+    ] {
         let error = open(with_version(text), OpenOptions::default());
-        assert!(error.contains("SHA-256 does not match"), "{error}");
+        assert!(
+            error.contains(&format!("index's {digest} does not match its contents")),
+            "{error}"
+        );
     }
     // Unverified, the version is taken at its word, and says which way it is off.
     let error = open(with_version(b"9.3"), UNVERIFIED);
@@ -753,13 +772,16 @@ fn a_damaged_format_version_reads_as_damage() {
 fn an_index_from_before_the_lookup_table_still_opens() {
     let (_package, dir) = small_bundle(false);
     let read = |name: &str| leak(std::fs::read(dir.join(name)).unwrap());
-    let (index, module) = (read("bundle.msgpack"), read("scale.hipfb"));
+    // Made format 1.4 first, whose table has the layout a table built for a 1.1 index has (no
+    // BLAKE3 rows).
+    let index = leak(as_format_1_4(read("bundle.msgpack")));
+    let module = read("scale.hipfb");
 
     // The same index as format 1.1 wrote it: version, digest, records, and no table. The
     // version strings are MessagePack fixstr (0xa3 and three bytes), at the file's start and
     // at the records' (a 2-array holding the manifest, an array whose first field it is); the
     // digest is a bin8 of 32 bytes.
-    let version = [&[0xa3][..], FORMAT_VERSION.to_string().as_bytes()].concat();
+    let version = *b"\xa31.4";
     assert_eq!(index[..4], version);
     let records_start = 4 + 2 + 32;
     let table_size = u32::from_le_bytes(index[index.len() - 8..][..4].try_into().unwrap());
@@ -803,7 +825,7 @@ fn the_lookup_table_is_checked_against_the_records() {
     let error = Bundle::from_bytes(&[("bundle.msgpack", damaged)], OpenOptions::default())
         .unwrap_err()
         .to_string();
-    assert!(error.contains("SHA-256 does not match"), "{error}");
+    assert!(error.contains("BLAKE3 does not match"), "{error}");
     // Unverified, the table is trusted until the manifest is asked for.
     let bundle = Bundle::from_bytes(&[("bundle.msgpack", damaged)], UNVERIFIED).unwrap();
     let error = bundle.manifest().unwrap_err().to_string();
@@ -998,8 +1020,10 @@ fn a_damaged_large_image_is_refused_though_hashed_beside_the_load() {
         .filter(|(_, e)| e.id.to_string() == "cuda-nvptx64-nvidia-cuda-sm_90")
         .max_by_key(|(_, e)| e.size)
         .unwrap();
+    // Hashed beside the load from 256 KiB with BLAKE3 (`Digests::concurrent_from`), from
+    // 64 KiB with SHA-256 (the index made as format 1.4 below).
     assert!(
-        entry.size >= 64 * 1024,
+        entry.size >= 256 * 1024,
         "{} is {} bytes",
         module.name,
         entry.size
@@ -1017,20 +1041,137 @@ fn a_damaged_large_image_is_refused_though_hashed_beside_the_load() {
     bytes[at] ^= 0x10;
     std::fs::write(&path, &bytes).unwrap();
 
-    let (driver, device) = simulated("sm_90");
-    let kernels = Bundle::open(copy.path()).unwrap().load(&device).unwrap();
-    let error = kernels.kernel(&module.kernels[0]).err().unwrap();
-    assert!(matches!(error, Error::Mismatch { .. }), "{error}");
-    assert!(error.to_string().contains("SHA-256"), "{error}");
-    let log = driver.log();
-    let loads = log
-        .iter()
-        .filter(|e| matches!(e, Recorded::Load { .. }))
-        .count();
-    let unloads = log
-        .iter()
-        .filter(|e| matches!(e, Recorded::Unload { .. }))
-        .count();
-    assert_eq!((loads, unloads), (1, 1), "{log:?}");
-    assert!(!log.iter().any(|e| matches!(e, Recorded::Launch { .. })));
+    let refused_beside_the_load = |digest: &str| {
+        let (driver, device) = simulated("sm_90");
+        let kernels = Bundle::open(copy.path()).unwrap().load(&device).unwrap();
+        let error = kernels.kernel(&module.kernels[0]).err().unwrap();
+        assert!(matches!(error, Error::Mismatch { .. }), "{error}");
+        assert!(
+            error.to_string().contains(&format!("its {digest} is")),
+            "{error}"
+        );
+        let log = driver.log();
+        let loads = log
+            .iter()
+            .filter(|e| matches!(e, Recorded::Load { .. }))
+            .count();
+        let unloads = log
+            .iter()
+            .filter(|e| matches!(e, Recorded::Unload { .. }))
+            .count();
+        assert_eq!((loads, unloads), (1, 1), "{log:?}");
+        assert!(!log.iter().any(|e| matches!(e, Recorded::Launch { .. })));
+    };
+    refused_beside_the_load("BLAKE3");
+    // An index from before BLAKE3: the same refusal, by SHA-256.
+    let index = copy.path().join("bundle.msgpack");
+    std::fs::write(&index, as_format_1_4(&std::fs::read(&index).unwrap())).unwrap();
+    refused_beside_the_load("SHA-256");
+}
+
+/// The index `index` as hkpack 1.4 wrote it: no BLAKE3 digests in its records, none in its
+/// lookup table, SHA-256 alone.
+fn as_format_1_4(index: &[u8]) -> Vec<u8> {
+    let index = Index::open(index.to_vec(), true).unwrap();
+    let mut manifest = index.manifest().unwrap().clone();
+    manifest.format_version = "1.4".parse().unwrap();
+    for module in &mut manifest.modules {
+        module.blake3 = None;
+        for entry in &mut module.entries {
+            entry.blake3 = None;
+        }
+    }
+    let abis: Vec<ModuleAbi> = (0..manifest.modules.len())
+        .map(|i| index.module_abi(i).unwrap())
+        .collect();
+    Index::encode(&manifest, &abis)
+}
+
+/// A bundle of format 1.4 (SHA-256 alone) still opens, loads the same images, and verifies
+/// them with SHA-256; a 1.5 bundle records BLAKE3 beside SHA-256 and verifies with it.
+#[test]
+fn an_index_from_before_blake3_verifies_with_sha256() {
+    let (_package, dir) = small_bundle(false);
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    let (index, module) = (read("bundle.msgpack"), read("scale.hipfb"));
+    let now = Bundle::from_bytes(&[("bundle.msgpack", leak(index.clone()))], UNVERIFIED).unwrap();
+    for record in &now.manifest().unwrap().modules {
+        assert_eq!(
+            record.blake3,
+            Some(hkload::manifest::Blake3Digest::of(&module))
+        );
+        for entry in &record.entries {
+            let image = hkload::offload::extract_entry(&module, &entry.id.to_string()).unwrap();
+            assert_eq!(entry.digests(), hkload::manifest::Digests::of(&image));
+        }
+    }
+    let older = as_format_1_4(&index);
+    let opened = Bundle::from_bytes(
+        &[("bundle.msgpack", leak(older.clone()))],
+        OpenOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(opened.manifest().unwrap().format_version.to_string(), "1.4");
+    assert!(
+        opened
+            .table()
+            .modules()
+            .flat_map(|m| m.entries().collect::<Vec<_>>())
+            .all(|e| e.blake3.is_none())
+    );
+
+    let files = |index: &[u8], module: &[u8]| {
+        [
+            ("bundle.msgpack", leak(index.to_vec())),
+            ("scale.hipfb", leak(module.to_vec())),
+        ]
+    };
+    assert_eq!(
+        load_everywhere(&files(&older, &module), OpenOptions::default()).unwrap(),
+        load_everywhere(&files(&index, &module), OpenOptions::default()).unwrap()
+    );
+    // The module file's last byte is in its last code image.
+    let mut damaged = module.clone();
+    *damaged.last_mut().unwrap() ^= 0x5a;
+    for (index, digest) in [(&index, "BLAKE3"), (&older, "SHA-256")] {
+        let error = load_everywhere(&files(index, &damaged), OpenOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(&format!("its {digest} is")), "{error}");
+    }
+}
+
+/// A 1.5 index records two digests of itself: a verified open checks the BLAKE3, which covers
+/// the SHA-256's value too, and `Index::check_sha256` (what `hkpack verify` adds) the SHA-256.
+#[test]
+fn both_digests_of_the_index_are_checked() {
+    let (_package, dir) = small_bundle(false);
+    let index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
+    let opened = Index::open(index.clone(), true).unwrap();
+    opened.check_sha256().unwrap();
+    assert_eq!(
+        opened.digest(),
+        hkload::manifest::Sha256Digest::of(&[&index[..4], &index[72..]].concat())
+    );
+    assert_eq!(
+        opened.blake3(),
+        Some(hkload::manifest::Blake3Digest::of(
+            &[&index[..38], &index[72..]].concat()
+        ))
+    );
+
+    // The SHA-256's value changed: the BLAKE3 catches it at open.
+    let mut damaged = index.clone();
+    damaged[10] ^= 1;
+    let error = Index::open(damaged.clone(), true).unwrap_err().to_string();
+    assert!(error.contains("index's BLAKE3 does not match"), "{error}");
+    // With the BLAKE3 redone to match, the SHA-256 check still finds it.
+    let digest = blake3::Hasher::new()
+        .update(&damaged[..38])
+        .update(&damaged[72..])
+        .finalize();
+    damaged[40..72].copy_from_slice(digest.as_bytes());
+    let reopened = Index::open(damaged, true).unwrap();
+    let error = reopened.check_sha256().unwrap_err().to_string();
+    assert!(error.contains("index's SHA-256 does not match"), "{error}");
 }

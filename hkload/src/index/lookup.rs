@@ -18,9 +18,13 @@
 //! | ID rows | each distinct entry ID of the bundle, as text ([`Span`] of the text) |
 //! | [`ModuleRow`]s | the manifest's modules, in its order |
 //! | [`EntryRow`]s | each module's entries, module after module |
+//! | BLAKE3 rows | (since format 1.5) each entry's BLAKE3 digest, 32 bytes, in entry-row order |
 //! | [`KernelRow`]s | each module's kernels, module after module, in the manifest's order |
 //! | text | UTF-8: every name the rows point into |
 //! | [`Footer`] | the table's size and the magic again, so the table is found from the file's end |
+//!
+//! The header has no count of the BLAKE3 rows: there are as many as entries in an index of
+//! format 1.5 or later, and none before; the index's version, under its digest, says which.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -30,7 +34,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use crate::file::FileBytes;
 use crate::manifest::{
-    BundleManifest, EntryRecord, ManifestError, Sha256Digest, check_file_name, duplicate_entry,
+    BLAKE3_SINCE, Blake3Digest, BundleManifest, EntryRecord, FormatVersion, ManifestError,
+    Sha256Digest, check_file_name, duplicate_entry,
 };
 use crate::target::{EntryId, TargetId};
 
@@ -111,6 +116,8 @@ struct Parts {
     ids: Range<usize>,
     modules: Range<usize>,
     entries: Range<usize>,
+    /// Empty before format 1.5.
+    blake3: Range<usize>,
     kernels: Range<usize>,
     text: Range<usize>,
 }
@@ -132,7 +139,8 @@ pub struct KernelAt {
 
 impl Table {
     /// The table for `manifest`, whose kernels' records lie at `records` in the index file
-    /// (one per kernel, modules in manifest order), or nowhere when `records` is empty.
+    /// (one per kernel, modules in manifest order), or nowhere when `records` is empty; in the
+    /// layout of the manifest's format (BLAKE3 rows from 1.5 on).
     /// The same manifest and records always give the same bytes.
     pub fn encode(manifest: &BundleManifest, records: &[Range<usize>]) -> Vec<u8> {
         let mut text = Vec::new();
@@ -145,6 +153,7 @@ impl Table {
         let version = put(&manifest.package.version);
         let mut ids: Vec<EntryId> = Vec::new();
         let (mut modules, mut entries, mut kernels) = (Vec::new(), Vec::new(), Vec::new());
+        let mut blake3: Vec<[u8; 32]> = Vec::new();
         let mut records = records.iter();
         for module in &manifest.modules {
             let module_entries = span(entries.len(), module.entries.len());
@@ -161,6 +170,9 @@ impl Table {
                     size: entry.size.into(),
                     sha256: entry.sha256.0,
                 });
+                // A 1.5 manifest without one is refused by its validation before this; zeros
+                // would then only ever fail a check.
+                blake3.push(entry.blake3.map_or([0; 32], |digest| digest.0));
             }
             let module_kernels = span(kernels.len(), module.kernels.len());
             for symbol in &module.kernels {
@@ -194,6 +206,9 @@ impl Table {
         table.extend_from_slice(id_spans.as_bytes());
         table.extend_from_slice(modules.as_bytes());
         table.extend_from_slice(entries.as_bytes());
+        if has_blake3(manifest.format_version) {
+            table.extend_from_slice(blake3.as_bytes());
+        }
         table.extend_from_slice(kernels.as_bytes());
         table.extend_from_slice(&text);
         let size = table.len() + size_of::<Footer>();
@@ -218,12 +233,13 @@ impl Table {
         Ok(file.len() - footer..file.len())
     }
 
-    /// Checks the table at `whole` in `bytes`, whose kernels' records must lie within
-    /// `records` (an empty range for a table without them).
+    /// Checks the table at `whole` in `bytes`, an index of format `version`, whose kernels'
+    /// records must lie within `records` (an empty range for a table without them).
     pub fn read(
         bytes: Arc<FileBytes>,
         whole: Range<usize>,
         records: Range<usize>,
+        version: FormatVersion,
     ) -> Result<Self, ManifestError> {
         let table = bytes
             .get(whole.clone())
@@ -244,6 +260,14 @@ impl Table {
             ids: part(header.ids.get(), size_of::<Span>()),
             modules: part(header.modules.get(), size_of::<ModuleRow>()),
             entries: part(header.entries.get(), size_of::<EntryRow>()),
+            blake3: part(
+                if has_blake3(version) {
+                    header.entries.get()
+                } else {
+                    0
+                },
+                32,
+            ),
             kernels: part(header.kernels.get(), size_of::<KernelRow>()),
             text: part(header.text.get(), 1),
             whole,
@@ -271,7 +295,12 @@ impl Table {
     ) -> Result<Self, ManifestError> {
         let bytes = Self::encode(manifest, records);
         let whole = 0..bytes.len();
-        Self::read(Arc::new(bytes.into()), whole, index)
+        Self::read(
+            Arc::new(bytes.into()),
+            whole,
+            index,
+            manifest.format_version,
+        )
     }
 
     /// The table's bytes, header to footer.
@@ -436,6 +465,11 @@ impl Table {
         self.rows(&self.parts.entries)
     }
 
+    /// Each entry's BLAKE3, in entry-row order; empty before format 1.5.
+    fn blake3_rows(&self) -> &[[u8; 32]] {
+        self.rows(&self.parts.blake3)
+    }
+
     fn kernel_rows(&self) -> &[KernelRow] {
         self.rows(&self.parts.kernels)
     }
@@ -480,12 +514,16 @@ impl<'a> Module<'a> {
 
     pub fn entries(&self) -> impl ExactSizeIterator<Item = EntryRecord> + 'a {
         let table = self.table;
-        table.entry_rows()[range(self.row.entries)]
+        let rows = range(self.row.entries);
+        let blake3 = table.blake3_rows().get(rows.clone()).unwrap_or_default();
+        table.entry_rows()[rows]
             .iter()
-            .map(|row| EntryRecord {
+            .enumerate()
+            .map(|(i, row)| EntryRecord {
                 id: table.ids[row.id.get() as usize],
                 size: row.size.get(),
                 sha256: Sha256Digest(row.sha256),
+                blake3: blake3.get(i).map(|digest| Blake3Digest(*digest)),
             })
     }
 
@@ -497,6 +535,11 @@ impl<'a> Module<'a> {
     pub fn entry_ids(&self) -> Vec<EntryId> {
         self.entries().map(|entry| entry.id).collect()
     }
+}
+
+/// Whether a table of an index of format `version` has BLAKE3 rows.
+fn has_blake3(version: FormatVersion) -> bool {
+    version.minor >= BLAKE3_SINCE
 }
 
 fn span(start: usize, len: usize) -> Span {
@@ -536,6 +579,7 @@ mod tests {
             id: id.parse().unwrap(),
             size,
             sha256: Sha256Digest::of(id.as_bytes()),
+            blake3: Some(Blake3Digest::of(id.as_bytes())),
         };
         let module = |name: &str, kernels: &[&str]| ModuleRecord {
             name: name.into(),
@@ -552,6 +596,7 @@ mod tests {
                 entry("cuda-nvptx64-nvidia-cuda-compute_90", 3000),
             ],
             not_built: Vec::new(),
+            blake3: Some(Blake3Digest::of(name.as_bytes())),
         };
         BundleManifest {
             format_version: FORMAT_VERSION,
@@ -576,13 +621,22 @@ mod tests {
     /// The table of [`manifest`] with its kernels' records at 100.., 200.. and 300.., edited by
     /// `edit`, then read as if it lay after records in 0..1000.
     fn read_edited(edit: impl FnOnce(&mut Vec<u8>)) -> Result<Table, ManifestError> {
+        read_as(&manifest(), FORMAT_VERSION, edit)
+    }
+
+    /// The table of `manifest` as [`read_edited`] makes it, read as a table of format `version`.
+    fn read_as(
+        manifest: &BundleManifest,
+        version: FormatVersion,
+        edit: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<Table, ManifestError> {
         let records = [100..150, 200..260, 300..310];
-        let mut bytes = Table::encode(&manifest(), &records);
+        let mut bytes = Table::encode(manifest, &records);
         edit(&mut bytes);
         let mut file = vec![0; 1000];
         file.extend(bytes);
         let whole = Table::locate(&file)?;
-        Table::read(Arc::new(file.into()), whole, 0..1000)
+        Table::read(Arc::new(file.into()), whole, 0..1000, version)
     }
 
     fn header(bytes: &mut [u8]) -> &mut Header {
@@ -594,9 +648,11 @@ mod tests {
         part: usize,
     ) -> &mut [T] {
         let h = header(bytes);
+        // The parts in order; the BLAKE3 rows (format 1.5) are as many as the entries.
         let counts = [
             h.ids.get(),
             h.modules.get(),
+            h.entries.get(),
             h.entries.get(),
             h.kernels.get(),
         ];
@@ -604,6 +660,7 @@ mod tests {
             size_of::<Span>(),
             size_of::<ModuleRow>(),
             size_of::<EntryRow>(),
+            32,
             size_of::<KernelRow>(),
         ];
         let start = size_of::<Header>()
@@ -678,10 +735,10 @@ mod tests {
         });
         refused("unknown ID", &|b| rows::<EntryRow>(b, 2)[0].id = 3.into());
         refused("record outside", &|b| {
-            rows::<KernelRow>(b, 3)[0].record.start = 990.into();
+            rows::<KernelRow>(b, 4)[0].record.start = 990.into();
         });
         refused("empty record far outside", &|b| {
-            rows::<KernelRow>(b, 3)[0].record = span(u32::MAX as usize, 0);
+            rows::<KernelRow>(b, 4)[0].record = span(u32::MAX as usize, 0);
         });
         refused("bad entry ID", &|b| {
             // The first ID's text, `hipv4-…`, made `hipv5-…`.
@@ -689,6 +746,50 @@ mod tests {
             let text = b.len() - size_of::<Footer>() - header(b).text.get() as usize;
             b[text + span.start.get() as usize + 4] = b'5';
         });
+    }
+
+    #[test]
+    fn blake3_rows_from_format_1_5_only() {
+        // A 1.4 table has none, and its entries read without BLAKE3.
+        let mut older = manifest();
+        older.format_version = FormatVersion { major: 1, minor: 4 };
+        for entry in older.modules.iter_mut().flat_map(|m| &mut m.entries) {
+            entry.blake3 = None;
+        }
+        let table = read_as(&older, older.format_version, |_| {}).unwrap();
+        let entries: Vec<EntryRecord> = table
+            .modules()
+            .flat_map(|m| m.entries().collect::<Vec<_>>())
+            .collect();
+        let expected: Vec<EntryRecord> = older
+            .modules
+            .iter()
+            .flat_map(|m| m.entries.clone())
+            .collect();
+        assert_eq!(entries, expected);
+
+        // Read as the other format, either table's parts do not add up.
+        for (manifest, version) in [
+            (&older, FORMAT_VERSION),
+            (&manifest(), older.format_version),
+        ] {
+            let error = read_as(manifest, version, |_| {}).err().unwrap();
+            assert!(error.to_string().contains("do not add up"), "{error}");
+        }
+
+        // Each entry's own digest: a changed row changes that entry alone.
+        let table = read_edited(|b| rows::<[u8; 32]>(b, 3)[4][0] ^= 1).unwrap();
+        let changed: Vec<bool> = table
+            .modules()
+            .zip(&manifest().modules)
+            .flat_map(|(m, record)| {
+                m.entries()
+                    .zip(record.entries.clone())
+                    .map(|(read, written)| read.blake3 != written.blake3)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(changed, [false, false, false, false, true, false]);
     }
 
     #[test]

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // Each test binary uses its own subset of these fixtures.
 
+pub mod servers;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -30,6 +32,7 @@ pub fn options(manifests: &Path, out: &Path, cache: &Path) -> BuildOptions {
         jobs: 2,
         out_dir: out.to_owned(),
         cache_dir: cache.to_owned(),
+        remote_cache: None,
         compress: false,
         tools: ToolPaths::default(),
         progress: false,

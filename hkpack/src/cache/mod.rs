@@ -13,6 +13,14 @@
 //! header changes the key of exactly the jobs that include it. Everything is written into a
 //! private temporary folder first and renamed into place, so a killed build leaves no partial
 //! entry and two builds sharing a cache never see each other's half-written files.
+//!
+//! A [`Remote`] store, when given, is the second level: a local miss reads the same two
+//! steps through from it (`deps/<identity>`, then `objects/<key>`, each a checked
+//! [`entry`]), and a compiled job's outputs are written back to it.
+
+mod entry;
+pub mod remote;
+pub mod storage;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,18 +28,30 @@ use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
-use crate::job::parse_depfile;
+use crate::job::{outputs, parse_depfile};
 use crate::staging::{Aside, clean_leftovers};
+
+use remote::Fetched;
+pub use remote::{Remote, RemoteOptions, RemoteReport};
 
 /// Bumped whenever the layout or the key's ingredients change, so old entries are not reused.
 const CACHE_VERSION: &str = "hkpack-cache-2";
 
-/// A cache folder, shared safely between threads and processes.
+/// A cache folder, shared safely between threads and processes, and the remote store
+/// behind it, if any.
 #[derive(Debug)]
 pub struct Cache {
     dir: PathBuf,
+    remote: Option<Remote>,
     /// File contents hashed in this build, by path: a header is hashed once, not per job.
     file_hashes: Mutex<HashMap<PathBuf, Option<String>>>,
+}
+
+/// Where a job's outputs were found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Local,
+    Remote,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,25 +88,80 @@ impl Identity {
 }
 
 impl Cache {
+    /// The local cache in `dir` alone.
     pub fn open(dir: &Path) -> Result<Self, CacheError> {
+        Self::with_remote(dir, None)
+    }
+
+    /// The local cache in `dir`, with `remote` as its second level.
+    pub fn with_remote(dir: &Path, remote: Option<Remote>) -> Result<Self, CacheError> {
         for sub in ["deps", "objects", "derived", "tmp"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(io_error(dir))?;
         }
         clean_leftovers(&dir.join("tmp"), &[SCRATCH, WRITING]);
         Ok(Self {
             dir: dir.to_owned(),
+            remote,
             file_hashes: Mutex::new(HashMap::new()),
         })
     }
 
     /// The folder holding the outputs of `identity` for the files as they are now, if a
-    /// previous build stored them. `base` is where the compiler ran (dependency paths are
-    /// relative to it).
-    pub fn lookup(&self, identity: &Identity, base: &Path) -> Option<PathBuf> {
+    /// previous build stored them here or in the remote store, and which level had them.
+    /// `base` is where the compiler ran (dependency paths are relative to it).
+    pub fn lookup(&self, identity: &Identity, base: &Path) -> Option<(PathBuf, Level)> {
+        if let Some(dir) = self.lookup_local(identity, base) {
+            return Some((dir, Level::Local));
+        }
+        let remote = self.remote.as_ref()?;
+        self.fetch(remote, identity, base)
+            .map(|dir| (dir, Level::Remote))
+    }
+
+    fn lookup_local(&self, identity: &Identity, base: &Path) -> Option<PathBuf> {
         let deps = std::fs::read_to_string(self.dir.join("deps").join(&identity.0)).ok()?;
         let key = self.key(identity, base, deps.lines().map(PathBuf::from))?;
         let dir = self.dir.join("objects").join(key);
         dir.is_dir().then_some(dir)
+    }
+
+    /// Reads the outputs of `identity` through from the remote store into the local cache.
+    fn fetch(&self, remote: &Remote, identity: &Identity, base: &Path) -> Option<PathBuf> {
+        let deps_path = remote_path(DEPS, &identity.0);
+        let Fetched::Payload(deps) = remote.get(&deps_path) else {
+            return None;
+        };
+        let Ok(deps) = String::from_utf8(deps) else {
+            remote.report_defect(
+                &deps_path,
+                &entry::Defect::NotOutputs("a file list that is not UTF-8".into()),
+            );
+            return None;
+        };
+        // A file the store's list names but this checkout lacks: a miss, compiled here.
+        let key = self.key(identity, base, deps.lines().map(PathBuf::from))?;
+        let objects_path = remote_path(OBJECTS, &key);
+        let Fetched::Payload(payload) = remote.get(&objects_path) else {
+            return None;
+        };
+        let scratch = self.scratch().ok()?;
+        match entry::unpack_outputs(&payload, scratch.path()) {
+            Ok(()) => {}
+            Err(entry::UnpackError::Defect(defect)) => {
+                remote.report_defect(&objects_path, &defect);
+                return None;
+            }
+            Err(entry::UnpackError::Io(_)) => return None,
+        }
+        let depfile = scratch.path().join(outputs::DEPS);
+        if !depfile.is_file() {
+            let defect = entry::Defect::NotOutputs(format!("no {}", outputs::DEPS));
+            remote.report_defect(&objects_path, &defect);
+            return None;
+        }
+        self.store_locally(identity, base, scratch, &depfile)
+            .ok()
+            .map(|(dir, _)| dir)
     }
 
     /// A fresh, private folder for a job's outputs, removed on drop unless stored.
@@ -95,7 +170,8 @@ impl Cache {
         Aside::create(&tmp, SCRATCH).map_err(io_error(&tmp))
     }
 
-    /// Moves a finished job's outputs into the cache and returns their folder. The
+    /// Moves a finished job's outputs into the cache, writes them back to the remote store
+    /// (unless it is read-only or unavailable) and returns their local folder. The
     /// compiler's dependency file in `outputs` says which files went into them.
     pub fn store(
         &self,
@@ -104,6 +180,41 @@ impl Cache {
         outputs: Aside,
         depfile: &Path,
     ) -> Result<PathBuf, CacheError> {
+        let (dir, key) = self.store_locally(identity, base, outputs, depfile)?;
+        if let Some(remote) = self.remote.as_ref().filter(|r| r.writable()) {
+            self.write_back(remote, identity, &key, &dir);
+        }
+        Ok(dir)
+    }
+
+    /// The objects first, then the list that leads to them, so that a reader who finds the
+    /// list finds the objects too.
+    fn write_back(&self, remote: &Remote, identity: &Identity, key: &str, dir: &Path) {
+        let Ok(payload) = entry::pack_outputs(dir) else {
+            return;
+        };
+        let Ok(deps) = std::fs::read(self.dir.join("deps").join(&identity.0)) else {
+            return;
+        };
+        if remote.put(&remote_path(OBJECTS, key), &payload)
+            && remote.put(&remote_path(DEPS, &identity.0), &deps)
+        {
+            remote.count_written_back();
+        }
+    }
+
+    /// What the remote store did in this build, and what went wrong with it, if there is one.
+    pub fn remote_report(&self) -> Option<(RemoteReport, Vec<String>)> {
+        self.remote.as_ref().map(|r| (r.report(), r.warnings()))
+    }
+
+    fn store_locally(
+        &self,
+        identity: &Identity,
+        base: &Path,
+        outputs: Aside,
+        depfile: &Path,
+    ) -> Result<(PathBuf, String), CacheError> {
         let text = std::fs::read_to_string(depfile).map_err(io_error(depfile))?;
         let deps = parse_depfile(&text);
         let key = self
@@ -127,7 +238,7 @@ impl Cache {
                 .collect::<String>()
                 .as_bytes(),
         )?;
-        Ok(dest)
+        Ok((dest, key))
     }
 
     /// `make(input)`'s result, computed once per distinct `(what, input)` and then read back:
@@ -192,6 +303,14 @@ impl Cache {
     }
 }
 
+/// The remote store's two kinds of entry, as in the local folder, under the layout's version.
+const DEPS: &str = "deps";
+const OBJECTS: &str = "objects";
+
+fn remote_path(kind: &str, name: &str) -> String {
+    format!("{CACHE_VERSION}/{kind}/{name}")
+}
+
 /// The cache's folders for a job's outputs before they are stored, and for a file being
 /// written: in `tmp/`, each locked by its build, so that the next build removes what a killed
 /// one left (see [`crate::staging`]).
@@ -226,7 +345,7 @@ mod tests {
 
         // A new process (fresh memo) finds it; another identity does not.
         let cache = Cache::open(&root.path().join("cache")).unwrap();
-        assert_eq!(cache.lookup(&identity, &base), Some(dir));
+        assert_eq!(cache.lookup(&identity, &base), Some((dir, Level::Local)));
         assert_eq!(
             cache.lookup(&Identity::new(["clang 22", "gfx90a"]), &base),
             None

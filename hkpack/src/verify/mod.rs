@@ -1,10 +1,14 @@
 //! `hkpack verify`: every digest a bundle records, checked against its files, one verdict a
-//! file. The index (`bundle.msgpack`) is the root: its own SHA-256 covers every record, and
-//! its records give each module file's size and SHA-256, each code image's, and each ABI file's.
-//! The readable copies (`bundle.toml`, the ABI files) must say what the index says.
+//! file. The index (`bundle.msgpack`) is the root: its own SHA-256 and BLAKE3 cover every
+//! record, and its records give each module file's size, SHA-256 and BLAKE3, each code
+//! image's, and each ABI file's SHA-256. The readable copies (`bundle.toml`, the ABI files)
+//! must say what the index says. A bundle split into packages is checked the same way, package
+//! by package ([`packages`]).
 //!
 //! `hkpack extract`: one code image of a bundle, checked, as a file for LLVM's and NVIDIA's own
 //! tools.
+
+pub mod packages;
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -12,7 +16,10 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use hkload::index::{INDEX_FILE, Index};
-use hkload::manifest::{BundleManifest, MANIFEST_FILE, ModuleAbi, ModuleRecord, Sha256Digest};
+use hkload::manifest::{
+    Blake3Digest, BundleManifest, Digests, EntryRecord, MANIFEST_FILE, ModuleAbi, ModuleRecord,
+    Sha256Digest,
+};
 use hkload::offload;
 use hkload::signing::{PublicKey, SIGNATURE_FILE, SignatureError, SignatureFile};
 use hkload::target::{EntryId, TargetId};
@@ -28,27 +35,51 @@ pub struct FileVerdict {
     pub detail: String,
 }
 
+impl FileVerdict {
+    fn of(file: &str, result: Result<String, String>) -> Self {
+        Self {
+            file: file.to_owned(),
+            intact: result.is_ok(),
+            detail: result.unwrap_or_else(|e| e),
+        }
+    }
+}
+
 /// Checks every file of the bundle folder `dir` against its index, and with `keys` the index's
 /// signature. The verdicts come in file order: the index, its signature, `bundle.toml`, then
 /// each module's file and ABI file. An index that fails its own digest ends the check there:
 /// nothing else can be trusted.
 pub fn verify(dir: &Path, keys: &[PublicKey]) -> Vec<FileVerdict> {
+    let (mut verdicts, opened) = index_files(dir, keys);
+    if let Some((index, manifest)) = opened {
+        for (i, module) in manifest.modules.iter().enumerate() {
+            verdicts.push(FileVerdict::of(&module.file, module_file(dir, module)));
+            verdicts.push(abi_verdict(dir, &index, i, module));
+        }
+    }
+    verdicts
+}
+
+/// The verdicts on the files every index travels with (the index, its signature,
+/// `bundle.toml`), and the index opened if it is intact.
+fn index_files(
+    dir: &Path,
+    keys: &[PublicKey],
+) -> (Vec<FileVerdict>, Option<(Index, BundleManifest)>) {
     let mut verdicts = Vec::new();
-    let verdict = |file: &str, result: Result<String, String>| FileVerdict {
-        file: file.to_owned(),
-        intact: result.is_ok(),
-        detail: result.unwrap_or_else(|e| e),
-    };
+    let verdict = FileVerdict::of;
     let bytes = match std::fs::read(dir.join(INDEX_FILE)) {
         Ok(bytes) => bytes,
         Err(e) => {
             verdicts.push(verdict(INDEX_FILE, Err(format!("cannot be read: {e}"))));
-            return verdicts;
+            return (verdicts, None);
         }
     };
     // The signature is of the index's bytes, which opening the index then takes.
     let signed = signature(dir, &bytes, keys);
+    // Both of the index's digests of itself: opening checks the BLAKE3 where there is one.
     let opened = Index::open(bytes, true)
+        .and_then(|index| index.check_sha256().map(|()| index))
         .map_err(|e| e.to_string())
         .and_then(|index| {
             let manifest = index.manifest().map_err(|e| e.to_string())?.clone();
@@ -58,13 +89,18 @@ pub fn verify(dir: &Path, keys: &[PublicKey]) -> Vec<FileVerdict> {
         Ok(opened) => opened,
         Err(problem) => {
             verdicts.push(verdict(INDEX_FILE, Err(problem)));
-            return verdicts;
+            return (verdicts, None);
         }
     };
     verdicts.push(verdict(
         INDEX_FILE,
         Ok(format!(
-            "its SHA-256 covers {} modules of format {}",
+            "its {} cover {} modules of format {}",
+            if index.blake3().is_some() {
+                "SHA-256 and BLAKE3"
+            } else {
+                "SHA-256"
+            },
             manifest.modules.len(),
             manifest.format_version
         )),
@@ -73,15 +109,16 @@ pub fn verify(dir: &Path, keys: &[PublicKey]) -> Vec<FileVerdict> {
         verdicts.push(verdict(SIGNATURE_FILE, signed));
     }
     verdicts.push(verdict(MANIFEST_FILE, readable_manifest(dir, &manifest)));
-    for (i, module) in manifest.modules.iter().enumerate() {
-        verdicts.push(verdict(&module.file, module_file(dir, module)));
-        let abi = index.module_abi(i).map_err(|e| e.to_string());
-        verdicts.push(verdict(
-            &module.abi_file,
-            abi.and_then(|abi| abi_file(dir, module, &abi)),
-        ));
-    }
-    verdicts
+    (verdicts, Some((index, manifest)))
+}
+
+/// The verdict on module `i`'s ABI file.
+fn abi_verdict(dir: &Path, index: &Index, i: usize, module: &ModuleRecord) -> FileVerdict {
+    let abi = index.module_abi(i).map_err(|e| e.to_string());
+    FileVerdict::of(
+        &module.abi_file,
+        abi.and_then(|abi| abi_file(dir, module, &abi)),
+    )
 }
 
 /// The signature's verdict: checked against `keys` if any are given, else only mentioned if
@@ -123,8 +160,8 @@ fn readable_manifest(dir: &Path, manifest: &BundleManifest) -> Result<String, St
     }
 }
 
-/// The module file's bytes, after its size and SHA-256 against the index (what `inspect` and
-/// `explain` check of it).
+/// The module file's bytes, after its size and every digest against the index (what
+/// `inspect` and `explain` check of it).
 pub(crate) fn module_bytes(dir: &Path, module: &ModuleRecord) -> Result<Vec<u8>, String> {
     let bytes =
         std::fs::read(dir.join(&module.file)).map_err(|e| format!("cannot be read: {e}"))?;
@@ -135,46 +172,65 @@ pub(crate) fn module_bytes(dir: &Path, module: &ModuleRecord) -> Result<Vec<u8>,
             module.size
         ));
     }
-    let found = Sha256Digest::of(&bytes);
-    if found != module.sha256 {
-        return Err(format!(
-            "has SHA-256 {found}, the index says {}",
-            module.sha256
-        ));
-    }
+    every_digest(&bytes, &module.digests()).map_err(|e| format!("has {e}"))?;
     Ok(bytes)
 }
 
 /// The module file as [`module_bytes`] checks it, and each code image in it readable and of
-/// its size and SHA-256.
+/// its size and digests.
 fn module_file(dir: &Path, module: &ModuleRecord) -> Result<String, String> {
     let bytes = module_bytes(dir, module)?;
     for entry in &module.entries {
         let image = offload::extract_entry(&bytes, &entry.id.to_string())
             .map_err(|e| format!("entry {}: {e}", entry.id))?;
-        check_image(&image, entry.id, entry.size, &entry.sha256)?;
+        check_image(&image, entry)?;
     }
     Ok(format!(
-        "{} bytes and {} code images match their SHA-256",
+        "{} bytes and {} code images match their {}",
         bytes.len(),
-        module.entries.len()
+        module.entries.len(),
+        digest_names(&module.digests())
     ))
 }
 
-fn check_image(image: &[u8], id: EntryId, size: u64, sha256: &Sha256Digest) -> Result<(), String> {
-    if image.len() as u64 != size {
+/// The code image of `entry`: its size and every digest against the index.
+fn check_image(image: &[u8], entry: &EntryRecord) -> Result<(), String> {
+    let id = entry.id;
+    if image.len() as u64 != entry.size {
         return Err(format!(
-            "entry {id} is {} bytes, the index says {size}",
-            image.len()
+            "entry {id} is {} bytes, the index says {}",
+            image.len(),
+            entry.size
         ));
     }
-    let found = Sha256Digest::of(image);
-    if &found != sha256 {
+    every_digest(image, &entry.digests()).map_err(|e| format!("entry {id} has {e}"))
+}
+
+/// Checks `bytes` against every digest recorded: SHA-256, and BLAKE3 where the index has one
+/// (hkload checks one of them; this, both).
+fn every_digest(bytes: &[u8], recorded: &Digests) -> Result<(), String> {
+    let found = Sha256Digest::of(bytes);
+    if found != recorded.sha256 {
         return Err(format!(
-            "entry {id} has SHA-256 {found}, the index says {sha256}"
+            "SHA-256 {found}, the index says {}",
+            recorded.sha256
         ));
+    }
+    if let Some(expected) = recorded.blake3 {
+        let found = Blake3Digest::of(bytes);
+        if found != expected {
+            return Err(format!("BLAKE3 {found}, the index says {expected}"));
+        }
     }
     Ok(())
+}
+
+/// `SHA-256 and BLAKE3`, or `SHA-256` for a bundle before 1.5.
+fn digest_names(recorded: &Digests) -> &'static str {
+    match recorded.blake3 {
+        Some(_) => "SHA-256 and BLAKE3",
+        None => "SHA-256",
+    }
 }
 
 /// The ABI file's SHA-256, and its records against the index's.
@@ -199,7 +255,12 @@ fn abi_file(dir: &Path, module: &ModuleRecord, abi: &ModuleAbi) -> Result<String
 }
 
 /// The verdicts as lines for people, the last one the bundle's: `ok` or `DAMAGED` and the file.
-pub fn report(dir: &Path, verdicts: &[FileVerdict]) -> String {
+pub fn report(dirs: &[PathBuf], verdicts: &[FileVerdict]) -> String {
+    let what = dirs
+        .iter()
+        .map(|dir| dir.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" + ");
     let width = verdicts.iter().map(|v| v.file.len()).max().unwrap_or(0);
     let mut out = String::new();
     for v in verdicts {
@@ -208,11 +269,11 @@ pub fn report(dir: &Path, verdicts: &[FileVerdict]) -> String {
     }
     let damaged = verdicts.iter().filter(|v| !v.intact).count();
     out.push_str(&if damaged == 0 {
-        format!("{}: every file matches its index\n", dir.display())
+        format!("{what}: every file matches its index\n")
     } else {
         format!(
-            "{}: {damaged} file(s) damaged; rebuild the bundle with `hkpack build`\n",
-            dir.display()
+            "{what}: {damaged} file(s) damaged; rebuild the bundle with `hkpack build` (and \
+             split it again with `hkpack split`)\n"
         )
     });
     out
@@ -273,7 +334,7 @@ pub fn extract(dir: &Path, module: &str, pick: &Pick, out: &Path) -> Result<Entr
     let bytes = std::fs::read(&path).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
     let image: Cow<'_, [u8]> = offload::extract_entry(&bytes, &entry.id.to_string())
         .map_err(|e| invalid(format!("{}: {e}", path.display())))?;
-    check_image(&image, entry.id, entry.size, &entry.sha256).map_err(invalid)?;
+    check_image(&image, entry).map_err(invalid)?;
     std::fs::write(out, &image).map_err(|e| invalid(format!("{}: {e}", out.display())))?;
     Ok(entry.id)
 }

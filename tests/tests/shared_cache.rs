@@ -1,0 +1,326 @@
+//! The build cache shared between machines, against real servers started here: Redis, nginx
+//! serving WebDAV, moto's S3 and a folder (a shared mount). A warm remote fills an empty local
+//! cache without compiling and gives the same bundle byte for byte; damaged entries are found,
+//! rebuilt and overwritten; a server that dies mid-build, refuses or never answers costs one
+//! warning and no failure; read-only builds write nothing; and sccache, as the compiler
+//! launcher, caches every compile.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::servers::{self, Sccache, Server};
+use common::*;
+use hkpack::cache::RemoteOptions;
+use hkpack::cache::storage::S3Credentials;
+use hkpack::{BuildOptions, BuildReport};
+use sha2::{Digest, Sha256};
+
+const MODULES: [(&str, &str, &str); 2] = [
+    ("scale", SCALE_SOURCE, SCALE_MANIFEST),
+    ("offset", OFFSET_SOURCE, OFFSET_MANIFEST),
+];
+
+/// Two modules for one AMD and one NVIDIA target: four jobs.
+fn package() -> TempPackage {
+    TempPackage::new(&["gfx942", "sm_90"], &MODULES)
+}
+
+fn remote(url: &str) -> RemoteOptions {
+    RemoteOptions {
+        url: url.to_owned(),
+        read_only: false,
+        timeout: RemoteOptions::DEFAULT_TIMEOUT,
+        s3_credentials: None,
+    }
+}
+
+/// A build of `package` with its own local cache and output folder (`name`), through `remote`.
+fn build_in(package: &TempPackage, name: &str, remote: &RemoteOptions) -> BuildReport {
+    let mut options: BuildOptions = package.options();
+    options.cache_dir = package.path(&format!("{name}/cache"));
+    options.out_dir = package.path(&format!("{name}/dist"));
+    options.remote_cache = Some(remote.clone());
+    build_ok(&options)
+}
+
+/// Each file of a bundle folder with the SHA-256 of its bytes.
+fn digests(dir: &Path) -> Vec<(String, String)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let bytes = std::fs::read(e.path()).unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                hkload::manifest::hex(&Sha256::digest(bytes)),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// A cold build through `url`, then one from an empty local cache: the second compiles
+/// nothing, reads everything from the remote and writes the same bundle.
+fn warm_remote_round_trip(url: &str, s3_credentials: Option<S3Credentials>) {
+    let package = package();
+    let remote = RemoteOptions {
+        s3_credentials,
+        ..remote(url)
+    };
+    let cold = build_in(&package, "cold", &remote);
+    assert_eq!((cold.compiled, cold.remote_hits), (4, 0), "{cold}");
+    let written = cold.remote.as_ref().unwrap();
+    assert_eq!(written.written_back, 4, "{cold}");
+    assert!(written.bytes_written > 0, "{cold}");
+    assert!(cold.warnings.is_empty(), "{:?}", cold.warnings);
+
+    let warm = build_in(&package, "warm", &remote);
+    assert_eq!(
+        (warm.compiled, warm.local_hits, warm.remote_hits),
+        (0, 0, 4),
+        "{warm}"
+    );
+    let read = warm.remote.as_ref().unwrap();
+    assert_eq!(read.written_back, 0, "{warm}");
+    assert!(read.bytes_read > 0, "{warm}");
+    assert!(warm.warnings.is_empty(), "{:?}", warm.warnings);
+    assert_eq!(digests(&warm.bundle), digests(&cold.bundle));
+
+    // The entries read through are local now.
+    let again = build_in(&package, "warm", &remote);
+    assert_eq!((again.compiled, again.local_hits), (0, 4), "{again}");
+}
+
+#[test]
+fn redis_serves_a_second_machine_without_compiling() {
+    let server = servers::redis();
+    warm_remote_round_trip(&format!("redis://127.0.0.1:{}/3", server.port), None);
+}
+
+#[test]
+fn webdav_serves_a_second_machine_without_compiling() {
+    let server = servers::webdav();
+    warm_remote_round_trip(
+        &format!("webdav+http://127.0.0.1:{}/hkpack", server.port),
+        None,
+    );
+}
+
+#[test]
+fn s3_serves_a_second_machine_without_compiling() {
+    let server = servers::s3();
+    let credentials = S3Credentials {
+        access_key_id: "test".into(),
+        secret_access_key: "test".into(),
+    };
+    warm_remote_round_trip(
+        &format!(
+            "s3://bucket/ci?endpoint=http://127.0.0.1:{}&region=us-east-1",
+            server.port
+        ),
+        Some(credentials),
+    );
+}
+
+#[test]
+fn a_shared_folder_serves_a_second_machine_without_compiling() {
+    let shared = tempfile::tempdir().unwrap();
+    warm_remote_round_trip(&format!("file://{}", shared.path().display()), None);
+}
+
+/// The remote's entries of one kind, as nginx stores them.
+fn entries(server: &Server, kind: &str) -> Vec<std::path::PathBuf> {
+    let dir = server
+        .dir
+        .path()
+        .join("www/hkpack/hkpack-cache-2")
+        .join(kind);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn corrupted_and_swapped_entries_are_rebuilt_and_overwritten() {
+    let server = servers::webdav();
+    let remote = remote(&format!("webdav+http://127.0.0.1:{}/hkpack", server.port));
+    let package = package();
+    let cold = build_in(&package, "cold", &remote);
+    assert_eq!(cold.compiled, 4, "{cold}");
+
+    let objects = entries(&server, "objects");
+    assert_eq!(objects.len(), 4);
+    // One entry's last byte (inside its contents) flipped; another replaced by a third's
+    // bytes, intact but answering another key.
+    let mut corrupted = std::fs::read(&objects[0]).unwrap();
+    *corrupted.last_mut().unwrap() ^= 0x40;
+    std::fs::write(&objects[0], corrupted).unwrap();
+    std::fs::copy(&objects[2], &objects[1]).unwrap();
+
+    let second = build_in(&package, "second", &remote);
+    assert_eq!((second.compiled, second.remote_hits), (2, 2), "{second}");
+    assert_eq!(second.warnings.len(), 2, "{:?}", second.warnings);
+    let said = second.warnings.join("\n");
+    let name = |path: &Path| path.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        said.contains(&name(&objects[0])) && said.contains("corrupted"),
+        "{said}"
+    );
+    assert!(
+        said.contains(&name(&objects[1]))
+            && said.contains(&format!(
+                "holds the entry of `hkpack-cache-2/objects/{}`",
+                name(&objects[2])
+            )),
+        "{said}"
+    );
+    assert!(said.contains("overwriting the entry"), "{said}");
+    assert_eq!(second.remote.as_ref().unwrap().written_back, 2, "{second}");
+    assert_eq!(digests(&second.bundle), digests(&cold.bundle));
+
+    // Both were overwritten with good entries: a third machine compiles nothing.
+    let third = build_in(&package, "third", &remote);
+    assert_eq!((third.compiled, third.remote_hits), (0, 4), "{third}");
+    assert!(third.warnings.is_empty(), "{:?}", third.warnings);
+}
+
+#[test]
+fn a_server_stopped_mid_build_still_gives_a_correct_bundle() {
+    let reference = package();
+    let expected = build_ok(&reference.options());
+
+    let mut server = servers::redis();
+    let remote = remote(&format!("redis://127.0.0.1:{}/0", server.port));
+    let package = package();
+    let mut options = package.options();
+    options.remote_cache = Some(remote);
+    options.jobs = 1;
+    let objects = package.path("cache/objects");
+    let report = std::thread::scope(|scope| {
+        let build = scope.spawn(|| hkpack::build(&options));
+        // Redis dies as soon as the first job is stored, three jobs before the end.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while std::fs::read_dir(&objects).map_or(0, |d| d.count()) == 0 {
+            assert!(Instant::now() < deadline, "the build stored no job");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        server.kill();
+        build.join().unwrap()
+    });
+    let report = report.unwrap_or_else(|e| panic!("the build failed: {e}"));
+    assert_eq!(report.compiled, 4, "{report}");
+    let remote = report.remote.as_ref().unwrap();
+    assert!(remote.unavailable, "{report}");
+    assert!(remote.written_back < 4, "{report}");
+    assert_eq!(
+        report.warnings.len(),
+        1,
+        "one warning: {:?}",
+        report.warnings
+    );
+    assert!(
+        report.warnings[0].contains("is unavailable")
+            && report.warnings[0].contains("goes on without it"),
+        "{}",
+        report.warnings[0]
+    );
+    assert_eq!(digests(&report.bundle), digests(&expected.bundle));
+}
+
+#[test]
+fn a_refusing_or_silent_remote_costs_one_warning_and_a_bounded_wait() {
+    let package = package();
+    // Nothing listens on this port: refused at once.
+    let refused = build_in(
+        &package,
+        "refused",
+        &remote(&format!("redis://127.0.0.1:{}/0", servers::free_port())),
+    );
+    assert_eq!(refused.compiled, 4, "{refused}");
+    assert_eq!(refused.warnings.len(), 1, "{:?}", refused.warnings);
+    assert!(refused.remote.as_ref().unwrap().unavailable);
+
+    // A server that accepts connections and never answers: the timeout bounds the wait.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let mut remote = remote(&format!("webdav+http://127.0.0.1:{port}/cache"));
+    remote.timeout = Duration::from_secs(1);
+    let started = Instant::now();
+    let stalled = build_in(&package, "silent", &remote);
+    assert_eq!(stalled.compiled, 4, "{stalled}");
+    assert_eq!(stalled.warnings.len(), 1, "{:?}", stalled.warnings);
+    assert!(
+        stalled.warnings[0].contains("no answer within 1 s"),
+        "{}",
+        stalled.warnings[0]
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(digests(&stalled.bundle), digests(&refused.bundle));
+}
+
+#[test]
+fn read_only_reads_but_never_writes() {
+    let server = servers::redis();
+    let url = format!("redis://127.0.0.1:{}/0", server.port);
+    let package = package();
+    let read_only = RemoteOptions {
+        read_only: true,
+        ..remote(&url)
+    };
+    let untrusted = build_in(&package, "untrusted", &read_only);
+    assert_eq!(untrusted.compiled, 4, "{untrusted}");
+    let report = untrusted.remote.as_ref().unwrap();
+    assert_eq!((report.written_back, report.bytes_written), (0, 0));
+    assert!(report.read_only && untrusted.to_string().contains("(read-only)"));
+
+    // Nothing reached the store: a writing build compiles everything too, and then a
+    // read-only one reads it all.
+    let trusted = build_in(&package, "trusted", &remote(&url));
+    assert_eq!((trusted.compiled, trusted.remote_hits), (4, 0), "{trusted}");
+    let reader = build_in(&package, "reader", &read_only);
+    assert_eq!((reader.compiled, reader.remote_hits), (0, 4), "{reader}");
+    assert_eq!(digests(&reader.bundle), digests(&trusted.bundle));
+}
+
+#[test]
+fn sccache_as_the_launcher_caches_every_compile() {
+    let sccache = Sccache::start();
+    let package = package();
+    let mut options = package.options();
+    options.tools.launcher = sccache.launcher();
+    let first = build_ok(&options);
+    assert_eq!(first.compiled, 4, "{first}");
+
+    // A second machine: an empty hkpack cache, the same sccache.
+    options.cache_dir = package.path("second/cache");
+    options.out_dir = package.path("second/dist");
+    let second = build_ok(&options);
+    assert_eq!(second.compiled, 4, "{second}");
+    assert_eq!(digests(&second.bundle), digests(&first.bundle));
+
+    let stats = &sccache.stats()["stats"];
+    let counts = |name: &str| stats[name]["counts"].clone();
+    // Per job: clang (HIP or CUDA) and, for NVIDIA, ptxas: 2 + 2 + 2 compiles a build, each
+    // missed once and hit once. The signature probes (-fsyntax-only) are not compiles.
+    assert_eq!(
+        counts("cache_misses"),
+        serde_json::json!({"HIP": 2, "CUDA": 2, "CUBIN": 2}),
+        "{stats:#}"
+    );
+    assert_eq!(
+        counts("cache_hits"),
+        serde_json::json!({"HIP": 2, "CUDA": 2, "CUBIN": 2}),
+        "{stats:#}"
+    );
+    assert_eq!(stats["compile_fails"], 0, "{stats:#}");
+}
