@@ -27,8 +27,8 @@
 //   format is its own module with the other targets skipped (and gfx90a, sm_80: none at all).
 //
 // Launch: the contracts in the manifests (eight waves a block of 128 x 128 of C, grid x over n,
-// y over m, z over a batch's products). The structure is gemm.hip's (see there): K in steps of 64 bytes through shared
-// tiles, zero-filled past the edges (so any M, N, K), NVIDIA overlapping kStages - 1 steps with
+// y over m, z over a batch's products). The structure is gemm.hip's (see there): K in steps of
+// 64 bytes through shared tiles, zero-filled past the edges (so any M, N, K), NVIDIA overlapping kStages - 1 steps with
 // cp.async when rows are 16-byte aligned (pointers aligned, k and ld multiples of 16), every
 // other case staging the next step through registers, rows that are not aligned element by
 // element.
