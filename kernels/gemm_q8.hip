@@ -6,6 +6,12 @@
 //   gemm_a8w8_nt[_bias]_bf16(c, a, b, a_scale, b_scale, [bias,] m, n, k, lda, ldb, ldc)
 //     C[i][j] = bf16(f32(Σ_k A[i][k] B[j][k]) · a_scale[i] · b_scale[j] (+ bias[j]))
 //     a_scale per token [M], b_scale per output channel [N], f32; bias bf16 [N].
+//   batched_gemm_a8w8_nt_bf16(c, a, b, a_scale, b_scale, m, n, k, lda, ldb, ldc, batch,
+//     stride_a, stride_b, stride_c): batch products C_p = A_p·B_pᵀ scaled per token and
+//     channel, matrix p of each starting stride_* elements after matrix p - 1 (0 shares one, a
+//     weight say), scales dense per product: a_scale [batch][M], b_scale [batch][N] (a shared
+//     weight's scales are repeated, so that each product may requantize its own); the grid's z
+//     counts the batch, as gemm.hip's batched GEMMs.
 // HK_GEMM_FP8=<format> (manifests/gemm_fp8_<format>.toml, format e4m3fn or e4m3fnuz): FP8
 //   E4M3 x E4M3 (element type hk::fp8_<format>), f32 sums
 //   gemm_fp8_<format>_nt_{per_tensor,per_token}[_bias]_bf16(the same arguments)
@@ -14,13 +20,15 @@
 //     a_scale [M][G] per 1 x 128 group of A's row, b_scale [ceil(N/128)][G] per 128 x 128
 //     block of B, G = ceil(K/128): C[i][j] = bf16(Σ_g f32(Σ_{k in g} A[i][k] B[j][k])
 //     · a_scale[i][g] · b_scale[j/128][g] (+ bias[j])), each group's partial sums in f32.
+//   batched_gemm_fp8_<format>_nt_per_token_bf16(batched_gemm_a8w8_nt_bf16's arguments): its
+//     batched product, per_token scales per product.
 //   <format> is the one the target's instruction computes on (hk/tile/mfma8.h,
 //   hk/tile/mma_sync8.h): e4m3fnuz on gfx942, e4m3fn on gfx950 and sm_90, so each
 //   format is its own module with the other targets skipped (and gfx90a, sm_80: none at all).
 //
 // Launch: the contracts in the manifests (eight waves a block of 128 x 128 of C, grid x over n,
-// y over m). The structure is gemm.hip's (see there): K in steps of 64 bytes through shared
-// tiles, zero-filled past the edges (so any M, N, K), NVIDIA overlapping kStages - 1 steps with
+// y over m, z over a batch's products). The structure is gemm.hip's (see there): K in steps of
+// 64 bytes through shared tiles, zero-filled past the edges (so any M, N, K), NVIDIA overlapping kStages - 1 steps with
 // cp.async when rows are 16-byte aligned (pointers aligned, k and ld multiples of 16), every
 // other case staging the next step through registers, rows that are not aligned element by
 // element.
@@ -68,6 +76,11 @@ static_assert(BlockTiling::kTileN == kScaleGroup, "a block of C shares one b_sca
 static_assert(kScaleGroup % BlockTiling::kTileK == 0, "a scale group is whole steps deep");
 constexpr unsigned kStepsPerGroup = kScaleGroup / BlockTiling::kTileK;
 
+// Element strides between the matrices of a batch (the scales are dense: m and n apart).
+struct BatchStrides {
+  unsigned long long a, b, c;
+};
+
 // Consecutive blocks walk kGroupM block rows of C column by column, so that kGroupM blocks
 // share each B block through L2 (as gemm.hip's blocks do).
 constexpr unsigned kGroupM = 8;
@@ -92,11 +105,21 @@ template <typename T, class Tl> struct Stage {
   hk::tile::SharedTile<T, Tl::kTileN, Tl::kTileK> b;
 };
 
-template <typename T, Scales kScales, bool kBias>
+// kBatch: the grid's z takes one product of a batch each (strides); otherwise z is 1.
+template <typename T, Scales kScales, bool kBias, bool kBatch = false>
 HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
                        const float* __restrict__ a_scale, const float* __restrict__ b_scale,
                        const hk::bf16* __restrict__ bias, unsigned m, unsigned n, unsigned k,
-                       unsigned lda, unsigned ldb, unsigned ldc) {
+                       unsigned lda, unsigned ldb, unsigned ldc, BatchStrides strides = {}) {
+  static_assert(!kBatch || kScales == Scales::kPerToken, "a batch has per-token scales");
+  if constexpr (kBatch) {
+    const unsigned long long p = hk::block_idx_z();
+    a += p * strides.a;
+    b += p * strides.b;
+    c += p * strides.c;
+    a_scale += p * m;
+    b_scale += p * n;
+  }
   using Tl = Tiling<kScales>;
   using Stage = ::Stage<T, Tl>;
   __shared__ Stage stage[Tl::kStages];
@@ -253,14 +276,26 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
     gemm_q8<T, kScales, true>(c, a, b, a_scale, b_scale, bias, m, n, k, lda, ldb, ldc);     \
   }
 
+// The batched per-token GEMM: the batch's size is the grid's z.
+#define HK_Q8_BATCHED(name, T)                                                                  \
+  HK_Q8_ENTRY(name##_bf16)(HK_Q8_PARAMS(T), HK_Q8_SIZES, unsigned batch,                        \
+                           unsigned long long stride_a, unsigned long long stride_b,            \
+                           unsigned long long stride_c) {                                       \
+    (void)batch; /* the grid's z */                                                             \
+    gemm_q8<T, Scales::kPerToken, false, true>(c, a, b, a_scale, b_scale, nullptr, m, n, k, lda, \
+                                               ldb, ldc, {stride_a, stride_b, stride_c});       \
+  }
+
 #if defined(HK_GEMM_A8W8)
 HK_Q8(gemm_a8w8_nt, hk::i8, Scales::kPerToken)
+HK_Q8_BATCHED(batched_gemm_a8w8_nt, hk::i8)
 #elif defined(HK_GEMM_FP8)
 #define HK_Q8_FP8_NAME(format, scheme) gemm_fp8_##format##_nt_##scheme
 #define HK_Q8_FP8(format)                                                             \
   HK_Q8(HK_Q8_FP8_NAME(format, per_tensor), hk::fp8_##format, Scales::kPerTensor) \
   HK_Q8(HK_Q8_FP8_NAME(format, per_token), hk::fp8_##format, Scales::kPerToken)        \
-  HK_Q8(gemm_fp8_blockscale_##format##_nt, hk::fp8_##format, Scales::kBlock)
+  HK_Q8(gemm_fp8_blockscale_##format##_nt, hk::fp8_##format, Scales::kBlock)        \
+  HK_Q8_BATCHED(batched_gemm_fp8_##format##_nt_per_token, hk::fp8_##format)
 #define HK_Q8_FP8_EXPAND(format) HK_Q8_FP8(format)
 HK_Q8_FP8_EXPAND(HK_GEMM_FP8)
 #else

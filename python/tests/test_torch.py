@@ -120,14 +120,40 @@ def gemm_case(kernel: str, generator: torch.Generator) -> Case:
 
 def q8_gemm_case(kernel: str, generator: torch.Generator) -> Case:
     """A call of an 8-bit GEMM (`gemm_a8w8_nt[_bias]_bf16`, `gemm_fp8_<format>_nt_{per_tensor,
-    per_token}[_bias]_bf16`, `gemm_fp8_blockscale_<format>_nt[_bias]_bf16`): C = (A·Bᵀ) · a_scale
-    · b_scale (+ bias) in bf16 (block scales: per 128-deep group), against float64 from the
-    same 8-bit values and scales."""
+    per_token}[_bias]_bf16`, `gemm_fp8_blockscale_<format>_nt[_bias]_bf16`, and batched
+    `batched_gemm_a8w8_nt_bf16`, `batched_gemm_fp8_<format>_nt_per_token_bf16`): C = (A·Bᵀ) ·
+    a_scale · b_scale (+ bias) in bf16 (block scales: per 128-deep group; batched: per product),
+    against float64 from the same 8-bit values and scales."""
     m, n, k = 37, 170, 300
     words = kernel.split("_")
 
     def uniform(*shape, low=-1.0, high=1.0):
         return torch.rand(*shape, generator=generator, device="cuda", dtype=torch.float64) * (high - low) + low
+
+    def wide(x):  # float64 from int8 or FP8 (torch converts FP8 only to floats as wide as f32)
+        return x.double() if x.dtype == torch.int8 else x.float().double()
+
+    if words[0] == "batched":  # per-token scales per product: a_scale [batch][m], b_scale [batch][n]
+        batch = 3
+        # The int8 GEMM shares one weight among the products (stride_b = 0), the FP8 ones don't.
+        shared = "a8w8" in words
+        if shared:
+            a = uniform(batch, m, k, low=-127, high=127).round().to(torch.int8)
+            b = uniform(1, n, k, low=-127, high=127).round().to(torch.int8)
+        else:
+            dtype = FP8[fp8_format(kernel)]
+            a, b = uniform(batch, m, k, low=-200, high=200).to(dtype), uniform(batch, n, k, low=-200, high=200).to(dtype)
+        a_scale = uniform(batch, m, low=0.001, high=0.01).float()
+        b_scale = uniform(batch, n, low=0.001, high=0.01).float()
+        c = torch.full((batch, m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+
+        def batched_want():  # B (1, n, k) broadcasts over the batch
+            product = wide(a) @ wide(b).transpose(1, 2)
+            return product * a_scale.double()[:, :, None] * b_scale.double()[:, None, :]
+
+        strides = [m * k, 0 if shared else n * k, m * n]
+        args = [c, a, b, a_scale, b_scale, m, n, k, k, k, n, batch] + strides
+        return Case(kernel, args, lambda: close(c, batched_want(), "bf16", kernel))
 
     if kernel.startswith("gemm_a8w8"):
         a = uniform(m, k, low=-127, high=127).round().to(torch.int8)
@@ -147,8 +173,7 @@ def q8_gemm_case(kernel: str, generator: torch.Generator) -> Case:
     c = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
 
     def want():
-        a64 = a.double() if a.dtype == torch.int8 else a.float().double()
-        b64 = b.double() if b.dtype == torch.int8 else b.float().double()
+        a64, b64 = wide(a), wide(b)
         if "blockscale" in kernel:
             product = torch.zeros(m, n, dtype=torch.float64, device="cuda")
             for g in range(groups):
@@ -265,7 +290,7 @@ def fp8_case(kernel: str, generator: torch.Generator) -> Case:
 
 def case(kernel: str, generator: torch.Generator) -> Case:
     """A call of `kernel` on fresh random inputs, with the float64 torch reference."""
-    if kernel.startswith(("gemm_a8w8", "gemm_fp8")):
+    if kernel.startswith(("gemm_a8w8", "gemm_fp8", "batched_gemm_a8w8", "batched_gemm_fp8")):
         return q8_gemm_case(kernel, generator)
     if "gemm" in kernel:
         return gemm_case(kernel, generator)

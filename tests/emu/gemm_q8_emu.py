@@ -95,6 +95,8 @@ def check_ocp_is_twice_fnuz(bits):
 
 def symbol(module, scales, bias):
     b = "_bias" if bias else ""
+    if scales.startswith("batched"):
+        return f"batched_{module}_nt_bf16" if module == "gemm_a8w8" else f"batched_{module}_nt_per_token_bf16"
     if module == "gemm_a8w8":
         return f"gemm_a8w8_nt{b}_bf16"
     if scales == "blockscale":
@@ -103,18 +105,25 @@ def symbol(module, scales, bias):
 
 
 def check(np, run_asm, co, meta, kernels, module, target, case, rng):
-    """One case: (scales, bias, m, n, k, (pad a, pad b, pad c)). Returns (ok, worst, label)."""
+    """One case: (scales, bias, m, n, k, (pad a, pad b, pad c)). Returns (ok, worst, label).
+    Scales "batched" and "batched_shared": two per-token products, the matrices 16 elements
+    apart, or B shared (stride 0); their scales dense per product, C's rows m * ldc apart."""
     scales, bias, m, n, k, (pa, pb, pc) = case
     element = "i8" if module == "gemm_a8w8" else module[len("gemm_"):]
     lda, ldb, ldc = k + pa, k + pb, n + pc
-    a_bits, a_vals = element_bits(np, rng, (m - 1) * lda + k, element)
-    b_bits, b_vals = element_bits(np, rng, (n - 1) * ldb + k, element)
+    batch = 2 if scales.startswith("batched") else 1
+    extent_a, extent_b = (m - 1) * lda + k, (n - 1) * ldb + k
+    stride_a, stride_c = extent_a + 16, m * ldc
+    stride_b = 0 if scales == "batched_shared" else extent_b + 16
+    a_bits, a_vals = element_bits(np, rng, (batch - 1) * stride_a + extent_a, element)
+    b_bits, b_vals = element_bits(np, rng, (batch - 1) * stride_b + extent_b, element)
     a = Buffer(np, a_bits.size, np.uint8, 0)
     b = Buffer(np, b_bits.size, np.uint8, 0)
     a.view[:], b.view[:] = a_bits, b_bits
     per_tensor, block = scales == "per_tensor", scales == "blockscale"
     groups = -(-k // 128)
-    a_len, b_len = {"per_tensor": (1, 1), "per_token": (m, n),
+    a_len, b_len = {"per_tensor": (1, 1), "per_token": (m, n), "batched": (2 * m, 2 * n),
+                    "batched_shared": (2 * m, 2 * n),
                     "blockscale": (m * groups, -(-n // 128) * groups)}[scales]
     a_scale_vals = rng.uniform(0.5, 2, a_len).astype(np.float32)
     b_scale_vals = rng.uniform(0.5, 2, b_len).astype(np.float32)
@@ -126,10 +135,23 @@ def check(np, run_asm, co, meta, kernels, module, target, case, rng):
     # Exact: a power of two, the scales far from f32's subnormals.
     a_scale.view[:] = a_scale_vals / 4 if corrected else a_scale_vals
     b_scale.view[:] = b_scale_vals
-    c = Buffer(np, (m - 1) * ldc + n, np.uint16, POISON16)
+    c = Buffer(np, (batch - 1) * stride_c + (m - 1) * ldc + n, np.uint16, POISON16)
     av = np.stack([a_vals[i * lda:i * lda + k] for i in range(m)])
     bv = np.stack([b_vals[j * ldb:j * ldb + k] for j in range(n)])
-    if block:
+    if batch > 1:
+        # Each product as the per-token one, stacked along C's rows.
+        a64, b64 = a_scale_vals.astype(np.float64), b_scale_vals.astype(np.float64)
+        sums, spread, scale = [], [], []
+        for p in range(batch):
+            ap = np.stack([a_vals[p * stride_a + i * lda:p * stride_a + i * lda + k] for i in range(m)])
+            bp = np.stack([b_vals[p * stride_b + j * ldb:p * stride_b + j * ldb + k] for j in range(n)])
+            sums.append(ap @ bp.T)
+            spread.append(np.sqrt((ap * ap) @ (bp * bp).T))
+            scale.append(np.outer(a64[p * m:(p + 1) * m], b64[p * n:(p + 1) * n]))
+        sums, spread, scale = np.concatenate(sums), np.concatenate(spread), np.concatenate(scale)
+        want = sums * scale
+        rounding_terms = 4
+    elif block:
         # Per 128-deep group g: a_scale[i][g] * b_scale[j / 128][g] on the group's sum.
         a_s = a_scale_vals.astype(np.float64).reshape(m, groups)
         b_s = np.repeat(b_scale_vals.astype(np.float64).reshape(-1, groups), 128, axis=0)[:n]
@@ -162,19 +184,22 @@ def check(np, run_asm, co, meta, kernels, module, target, case, rng):
         pointers.append((bias_buf.address, "bf16", n))
         want = want + bias_vals
     name = symbol(module, scales, bias)
-    scalars = [m, n, k, lda, ldb, ldc]
+    scalars = [m, n, k, lda, ldb, ldc] + ([batch, stride_a, stride_b, stride_c] if batch > 1 else [])
     grid, block = gemm_emu.launch_shape(kernels, name, pointers, scalars, 1)
     launch(run_asm, co, meta, name, grid, block, [p[0] for p in pointers] + scalars)
-    got = from_bits(np, np.stack([c.view[i * ldc:i * ldc + n] for i in range(m)]), "bf16")
+    rows = batch * m
+    got = from_bits(np, np.stack([c.view[i * ldc:i * ldc + n] for i in range(rows)]), "bf16")
     # f32 sums (exact for int8), two f32 scalings and a bias add, then bf16's rounding.
     bound = (2.0 ** -8 * np.abs(want) + k * 2.0 ** -22 * spread * np.abs(scale)
              + rounding_terms * 2.0 ** -24 * np.abs(sums * scale) + 2.0 ** -130)
     err = np.abs(got - want)
     ok = bool((err <= bound).all())
     worst = float(np.max(err / bound)) if not np.isnan(err).any() else math.inf
-    gaps = [c.view[i * ldc + n:(i + 1) * ldc] for i in range(m - 1)]
+    gaps = [c.view[i * ldc + n:(i + 1) * ldc] for i in range(rows - 1)]
     ok &= all(bool((g == POISON16).all()) for g in gaps) and c.guards_intact(POISON16)
     label = f"{name} m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc}" + (" corrected" if corrected else "")
+    if batch > 1:
+        label += f" batch={batch} strides={stride_a},{stride_b},{stride_c}"
     return ok, worst, label
 
 
@@ -187,6 +212,11 @@ def cases(module):
             (scales, True, 130, 129, 96, (16, 0, 3)),   # 2 x 2 blocks, aligned rows, a K tail
             (scales, True, 1, 17, 200, (0, 8, 0)),      # M = 1; rows of B unaligned
         ]
+    # Batched: aligned matrices over 2 x 2 blocks; unaligned rows with one B for both products.
+    out += [
+        ("batched", False, 130, 129, 96, (16, 0, 3)),
+        ("batched_shared", False, 33, 70, 61, (2, 1, 2)),
+    ]
     return out
 
 

@@ -573,33 +573,39 @@ fn every_gemm_requirement_is_enforced_on_both_sides_of_its_boundary() {
     let split = "gemm_a16w16_splitk_nt_bf16";
     held(split, &[("m", 1_048_560)]);
     refused(split, &[("m", 1_048_561)], "m must be at most 1048560");
-    let batched = "batched_gemm_a16w16_nt_bf16";
-    let strides = [
-        ("batch", 2),
-        ("stride_a", 12),
-        ("stride_b", 20),
-        ("stride_c", 15),
-    ];
-    held(batched, &strides);
-    for (batch, ok) in [(1, true), (0, false), (65_535, true), (65_536, false)] {
-        let changes = [
-            strides,
-            [("batch", batch), strides[1], strides[2], strides[3]],
-        ]
-        .concat();
-        if ok {
-            held(batched, &changes[4..]);
-        } else {
-            refused(batched, &changes[4..], "batch must be 1 to 65535");
+    // Every batched GEMM, 16- and 8-bit, requires the same of its batch.
+    for batched in [
+        "batched_gemm_a16w16_nt_bf16",
+        "batched_gemm_a8w8_nt_bf16",
+        "batched_gemm_fp8_e4m3fn_nt_per_token_bf16",
+    ] {
+        let strides = [
+            ("batch", 2),
+            ("stride_a", 12),
+            ("stride_b", 20),
+            ("stride_c", 15),
+        ];
+        held(batched, &strides);
+        for (batch, ok) in [(1, true), (0, false), (65_535, true), (65_536, false)] {
+            let changes = [
+                strides,
+                [("batch", batch), strides[1], strides[2], strides[3]],
+            ]
+            .concat();
+            if ok {
+                held(batched, &changes[4..]);
+            } else {
+                refused(batched, &changes[4..], "batch must be 1 to 65535");
+            }
         }
+        // The outputs of two products must not overlap: (m - 1) * ldc + n = 15 elements apart.
+        refused(
+            batched,
+            &[strides[0], strides[1], strides[2], ("stride_c", 14)],
+            "must not overlap",
+        );
+        held(batched, &[("batch", 1), ("stride_c", 0)]);
     }
-    // The outputs of two products must not overlap: (m - 1) * ldc + n = 15 elements apart.
-    refused(
-        batched,
-        &[strides[0], strides[1], strides[2], ("stride_c", 14)],
-        "must not overlap",
-    );
-    held(batched, &[("batch", 1), ("stride_c", 0)]);
 }
 
 /// Shared memory is checked against what the device allows a block with opting in (227 KiB

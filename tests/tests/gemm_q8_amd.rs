@@ -85,9 +85,16 @@ fn q8_gemms_fit_every_amd_target_and_use_its_mfma() {
             .unwrap();
     let kernels = Bundle::open(&bundle).unwrap();
     let records = kernels.kernel_records().unwrap();
-    // int8: two kernels; each FP8 format: per tensor, per token and block scales, each with
-    // and without a bias.
-    assert_eq!(records.len(), 2 + 6 + 6);
+    // int8: two kernels and the batched one; each FP8 format: per tensor, per token and block
+    // scales, each with and without a bias, and the batched per-token one.
+    assert_eq!(records.len(), 3 + 7 + 7);
+    for batched in [
+        "batched_gemm_a8w8_nt_bf16",
+        "batched_gemm_fp8_e4m3fnuz_nt_per_token_bf16",
+        "batched_gemm_fp8_e4m3fn_nt_per_token_bf16",
+    ] {
+        assert!(records.iter().any(|r| r.symbol == batched), "{batched}");
+    }
 
     let mut checked = 0;
     for module in &manifest.modules {
@@ -138,7 +145,7 @@ fn q8_gemms_fit_every_amd_target_and_use_its_mfma() {
         }
     }
     // int8 on three targets, each FP8 format on one.
-    assert_eq!(checked, 2 * 3 + 6 + 6);
+    assert_eq!(checked, 3 * 3 + 7 + 7);
 }
 
 #[test]

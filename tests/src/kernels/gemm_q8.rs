@@ -11,6 +11,11 @@
 //! `K · 2⁻²² · spread + 4 · 2⁻²⁴ · |scaled sum|`) and the bf16 rounding (2⁻⁸ relative).
 //! Inputs are the contract's extents with poison (NaN for FP8, which the format encodes; the
 //! largest int8 for int8) in the gaps between rows; C's gaps must stay NaN.
+//!
+//! `batched_gemm_a8w8_nt_bf16` and `batched_gemm_fp8_{e4m3fn,e4m3fnuz}_nt_per_token_bf16`
+//! compute `batch` per-token products, matrix `p` of each `stride_*` elements after matrix
+//! `p - 1` (0 shares one) and scales dense per product (`a_scale [batch][M]`, `b_scale
+//! [batch][N]`); each product's reference and bound are the unbatched one's.
 
 use hkload::abi::{ScalarType, ScalarValue};
 use rand::Rng;
@@ -54,14 +59,27 @@ pub fn symbol(elem: ScalarType, scales: Scales, bias: bool) -> String {
     }
 }
 
-/// `rows` rows of `cols` random values of `elem`, `ld` apart, poison in the gaps.
-fn strided(rng: &mut impl Rng, elem: ScalarType, rows: usize, cols: usize, ld: usize) -> Vec<f64> {
-    let poison = if elem == ScalarType::I8 {
+/// The batched kernel's symbol (per-token scales, no bias).
+pub fn batched_symbol(elem: ScalarType) -> String {
+    match elem {
+        ScalarType::I8 => "batched_gemm_a8w8_nt_bf16".to_string(),
+        _ => format!("batched_gemm_{}_nt_per_token_bf16", elem.name()),
+    }
+}
+
+/// What fills the gaps between rows and matrices: a value no correct kernel reads (NaN where
+/// the format has one, the largest int8 for int8, which would shift a sum).
+fn poison(elem: ScalarType) -> f64 {
+    if elem == ScalarType::I8 {
         127.0
     } else {
         f64::NAN
-    };
-    let mut data = vec![poison; (rows - 1) * ld + cols];
+    }
+}
+
+/// `rows` rows of `cols` random values of `elem`, `ld` apart, poison in the gaps.
+fn strided(rng: &mut impl Rng, elem: ScalarType, rows: usize, cols: usize, ld: usize) -> Vec<f64> {
+    let mut data = vec![poison(elem); (rows - 1) * ld + cols];
     for r in 0..rows {
         for x in &mut data[r * ld..r * ld + cols] {
             *x = if elem == ScalarType::I8 {
@@ -78,45 +96,55 @@ fn strided(rng: &mut impl Rng, elem: ScalarType, rows: usize, cols: usize, ld: u
     data
 }
 
-/// One launch on fresh random inputs: `(m, n, k)` with rows padded by `pad` elements.
-pub fn case(
-    elem: ScalarType,
-    scales: Scales,
-    bias: bool,
-    (m, n, k): (usize, usize, usize),
-    pad: (usize, usize, usize),
-    rng: &mut impl Rng,
-) -> Case {
-    let (lda, ldb, ldc) = (k + pad.0, k + pad.1, n + pad.2);
-    let a = strided(rng, elem, m, k, lda);
-    let b = strided(rng, elem, n, k, ldb);
-    let scale = |rng: &mut dyn rand::RngCore, len: usize| -> Vec<f64> {
-        (0..len)
-            .map(|_| f64::from(rng.random_range(0.001f32..0.02)))
-            .collect()
-    };
+/// `len` random positive scales, f32 values.
+fn random_scales(rng: &mut impl Rng, len: usize) -> Vec<f64> {
+    (0..len)
+        .map(|_| f64::from(rng.random_range(0.001f32..0.02)))
+        .collect()
+}
+
+/// The lengths of a product's `a_scale` and `b_scale`.
+fn scale_lens(scales: Scales, (m, n, k): (usize, usize, usize)) -> (usize, usize) {
     let groups = k.div_ceil(SCALE_GROUP);
-    let (a_len, b_len) = match scales {
+    match scales {
         Scales::PerTensor => (1, 1),
         Scales::PerToken => (m, n),
         Scales::Block => (m * groups, n.div_ceil(SCALE_GROUP) * groups),
-    };
+    }
+}
+
+/// One product's f64 reference, C's rows of `n` packed, and what bounds the kernel's f32
+/// error: the largest spread (root of the sum of squares) of a sum's scaled products and the
+/// largest sum of a result's scaled groups' magnitudes.
+struct Reference {
+    want: Vec<f64>,
+    spread: f64,
+    largest: f64,
+}
+
+/// One product's operands: A `[m][k]` and B `[n][k]` rows `lda` and `ldb` apart, its scales
+/// and bias.
+struct Operands<'a> {
+    a: &'a [f64],
+    b: &'a [f64],
+    lda: usize,
+    ldb: usize,
+    a_scale: &'a [f64],
+    b_scale: &'a [f64],
+    bias: Option<&'a [f64]>,
+}
+
+fn reference(scales: Scales, (m, n, k): (usize, usize, usize), x: &Operands) -> Reference {
+    let groups = k.div_ceil(SCALE_GROUP);
     // The scale of product k of element (i, j).
-    let scale_of = |a_scale: &[f64], b_scale: &[f64], i: usize, j: usize, kk: usize| match scales {
-        Scales::PerTensor => a_scale[0] * b_scale[0],
-        Scales::PerToken => a_scale[i] * b_scale[j],
+    let scale_of = |i: usize, j: usize, kk: usize| match scales {
+        Scales::PerTensor => x.a_scale[0] * x.b_scale[0],
+        Scales::PerToken => x.a_scale[i] * x.b_scale[j],
         Scales::Block => {
             let g = kk / SCALE_GROUP;
-            a_scale[i * groups + g] * b_scale[j / SCALE_GROUP * groups + g]
+            x.a_scale[i * groups + g] * x.b_scale[j / SCALE_GROUP * groups + g]
         }
     };
-    let a_scale = scale(rng, a_len);
-    let b_scale = scale(rng, b_len);
-    let bias_values: Option<Vec<f64>> = bias.then(|| {
-        (0..n)
-            .map(|_| round_to(ScalarType::Bf16, rng.random_range(-1.0..1.0)))
-            .collect()
-    });
     let mut want = vec![0.0; m * n];
     let (mut spread, mut largest) = (0.0f64, 0.0f64);
     let depth = if scales == Scales::Block {
@@ -130,10 +158,10 @@ pub fn case(
             // spread of its scaled products, and the sum of the groups' magnitudes.
             let (mut scaled, mut squares, mut magnitude) = (0.0, 0.0, 0.0);
             for start in (0..k).step_by(depth) {
-                let s = scale_of(&a_scale, &b_scale, i, j, start);
+                let s = scale_of(i, j, start);
                 let mut sum = 0.0;
                 for kk in start..k.min(start + depth) {
-                    let p = a[i * lda + kk] * b[j * ldb + kk];
+                    let p = x.a[i * x.lda + kk] * x.b[j * x.ldb + kk];
                     sum += p;
                     squares += (p * s) * (p * s);
                 }
@@ -142,34 +170,81 @@ pub fn case(
             }
             spread = spread.max(squares.sqrt());
             largest = largest.max(magnitude);
-            want[i * n + j] = scaled + bias_values.as_ref().map_or(0.0, |v| v[j]);
+            want[i * n + j] = scaled + x.bias.map_or(0.0, |v| v[j]);
         }
     }
+    Reference {
+        want,
+        spread,
+        largest,
+    }
+}
+
+/// The absolute part of the bound on |kernel - reference| (the relative part is bf16's 2⁻⁸).
+fn abs_tolerance(elem: ScalarType, scales: Scales, k: usize, r: &Reference) -> f64 {
     // Exact i32 sums for int8; f32 accumulation for FP8.
     let accumulation = if elem == ScalarType::I8 {
         0.0
     } else {
-        k as f64 * 2f64.powi(-22) * spread
+        k as f64 * 2f64.powi(-22) * r.spread
     };
     let roundings = if scales == Scales::Block {
-        groups + 3
+        k.div_ceil(SCALE_GROUP) + 3
     } else {
         4
     };
-    let abs = accumulation + roundings as f64 * 2f64.powi(-24) * largest + 2f64.powi(-134);
-    let mut args = vec![
-        CaseArg::Output {
-            name: "c",
-            elem: ScalarType::Bf16,
-            len: m * ldc,
-            expect: Expect::StridedClose {
-                want,
-                row_len: n,
-                stride: ldc,
-                abs,
-                rel: 2f64.powi(-8),
-            },
+    accumulation + roundings as f64 * 2f64.powi(-24) * r.largest + 2f64.powi(-134)
+}
+
+/// C, bf16 rows of `n` values `ldc` apart through `rows` rows, against `want` (packed rows).
+fn output(want: Vec<f64>, abs: f64, rows: usize, n: usize, ldc: usize) -> CaseArg {
+    CaseArg::Output {
+        name: "c",
+        elem: ScalarType::Bf16,
+        len: rows * ldc,
+        expect: Expect::StridedClose {
+            want,
+            row_len: n,
+            stride: ldc,
+            abs,
+            rel: 2f64.powi(-8),
         },
+    }
+}
+
+/// One launch on fresh random inputs: `(m, n, k)` with rows padded by `pad` elements.
+pub fn case(
+    elem: ScalarType,
+    scales: Scales,
+    bias: bool,
+    (m, n, k): (usize, usize, usize),
+    pad: (usize, usize, usize),
+    rng: &mut impl Rng,
+) -> Case {
+    let (lda, ldb, ldc) = (k + pad.0, k + pad.1, n + pad.2);
+    let a = strided(rng, elem, m, k, lda);
+    let b = strided(rng, elem, n, k, ldb);
+    let (a_len, b_len) = scale_lens(scales, (m, n, k));
+    let a_scale = random_scales(rng, a_len);
+    let b_scale = random_scales(rng, b_len);
+    let bias_values: Option<Vec<f64>> = bias.then(|| {
+        (0..n)
+            .map(|_| round_to(ScalarType::Bf16, rng.random_range(-1.0..1.0)))
+            .collect()
+    });
+    let operands = Operands {
+        a: &a,
+        b: &b,
+        lda,
+        ldb,
+        a_scale: &a_scale,
+        b_scale: &b_scale,
+        bias: bias_values.as_deref(),
+    };
+    let r = reference(scales, (m, n, k), &operands);
+    let abs = abs_tolerance(elem, scales, k, &r);
+    let mut args = vec![
+        output(r.want, abs, m, n, ldc),
         CaseArg::input("a", elem, a),
         CaseArg::input("b", elem, b),
         CaseArg::input("a_scale", ScalarType::F32, a_scale),
@@ -187,8 +262,75 @@ pub fn case(
     }
 }
 
+/// A batch of `batch` per-token products of one shape: A's matrices `gap` elements of poison
+/// apart, B's too or (`shared_b`) one B for all (stride 0, its scales still per product), C's
+/// `m · ldc` apart, so that C's rows are evenly strided through the whole batch.
+pub fn batched_case(
+    elem: ScalarType,
+    (m, n, k): (usize, usize, usize),
+    pad: (usize, usize, usize),
+    batch: usize,
+    (gap, shared_b): (usize, bool),
+    rng: &mut impl Rng,
+) -> Case {
+    let (lda, ldb, ldc) = (k + pad.0, k + pad.1, n + pad.2);
+    let (extent_a, extent_b) = ((m - 1) * lda + k, (n - 1) * ldb + k);
+    let stride_a = extent_a + gap;
+    let stride_b = if shared_b { 0 } else { extent_b + gap };
+    let stride_c = m * ldc;
+    let mut a = vec![poison(elem); (batch - 1) * stride_a + extent_a];
+    let mut b = vec![poison(elem); (batch - 1) * stride_b + extent_b];
+    let a_scale = random_scales(rng, batch * m);
+    let b_scale = random_scales(rng, batch * n);
+    let mut want = Vec::with_capacity(batch * m * n);
+    let mut abs = 0.0f64;
+    for p in 0..batch {
+        let (at, bt) = (p * stride_a, p * stride_b);
+        a[at..at + extent_a].copy_from_slice(&strided(rng, elem, m, k, lda));
+        if p == 0 || !shared_b {
+            b[bt..bt + extent_b].copy_from_slice(&strided(rng, elem, n, k, ldb));
+        }
+        let operands = Operands {
+            a: &a[at..at + extent_a],
+            b: &b[bt..bt + extent_b],
+            lda,
+            ldb,
+            a_scale: &a_scale[p * m..(p + 1) * m],
+            b_scale: &b_scale[p * n..(p + 1) * n],
+            bias: None,
+        };
+        let r = reference(Scales::PerToken, (m, n, k), &operands);
+        abs = abs.max(abs_tolerance(elem, Scales::PerToken, k, &r));
+        want.extend(r.want);
+    }
+    let mut args = vec![
+        output(want, abs, batch * m, n, ldc),
+        CaseArg::input("a", elem, a),
+        CaseArg::input("b", elem, b),
+        CaseArg::input("a_scale", ScalarType::F32, a_scale),
+        CaseArg::input("b_scale", ScalarType::F32, b_scale),
+    ];
+    args.extend(
+        [m, n, k, lda, ldb, ldc, batch].map(|x| CaseArg::Scalar(ScalarValue::U32(x as u32))),
+    );
+    args.extend(
+        [stride_a, stride_b, stride_c].map(|x| CaseArg::Scalar(ScalarValue::U64(x as u64))),
+    );
+    Case {
+        kernel: batched_symbol(elem),
+        label: format!(
+            "m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc} batch={batch} strides={stride_a},{stride_b},{stride_c}"
+        ),
+        args,
+        grid: [None; 3],
+    }
+}
+
+/// `(m, n, k)`, or the padding of A's, B's and C's rows.
+type Size = (usize, usize, usize);
+
 /// `(m, n, k)` and the padding of A's, B's and C's rows.
-type Shape = ((usize, usize, usize), (usize, usize, usize));
+type Shape = (Size, Size);
 
 /// Tails in every dimension, M = 1, K not a multiple of the 64-deep step, a Llama-sized K, views
 /// with aligned and unaligned (element by element) rows.
@@ -201,6 +343,16 @@ const SHAPES: [Shape; 8] = [
     ((129, 257, 4112), (16, 32, 5)),
     ((33, 70, 61), (3, 1, 2)),
     ((7, 127, 14336), (0, 0, 0)),
+];
+
+/// Batches: `(m, n, k)`, rows' padding, the batch and `(gap, shared_b)` as `batched_case`
+/// takes them. Unaligned rows with a weight shared through stride 0, M = 1 over aligned
+/// matrices, a shared weight on the fast copies over several blocks, a batch of one.
+const BATCHES: [(Size, Size, usize, (usize, bool)); 4] = [
+    ((33, 70, 61), (3, 1, 2), 3, (5, true)),
+    ((1, 300, 1008), (0, 0, 0), 3, (16, false)),
+    ((130, 150, 128), (0, 0, 0), 3, (0, true)),
+    ((129, 64, 256), (16, 16, 8), 1, (0, false)),
 ];
 
 /// Every symbol on every shape.
@@ -217,6 +369,9 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
                 cases.push(case(elem, scales, i % 2 == 1, size, pad, rng));
             }
             cases.push(case(elem, scales, true, (64, 64, 64), (0, 0, 0), rng));
+        }
+        for (size, pad, batch, strides) in BATCHES {
+            cases.push(batched_case(elem, size, pad, batch, strides, rng));
         }
     }
     cases
@@ -238,6 +393,9 @@ mod tests {
                     assert!(cases.iter().any(|c| c.kernel == symbol), "{symbol}");
                 }
             }
+        }
+        for elem in ELEMENTS {
+            assert!(cases.iter().any(|c| c.kernel == batched_symbol(elem)));
         }
         let case = cases.iter().find(|c| c.label.starts_with("m=33")).unwrap();
         let CaseArg::Output {
@@ -306,6 +464,56 @@ mod tests {
         let expected = group(0..128) * a_scale[i * 2] * b_scale[2]
             + group(128..200) * a_scale[i * 2 + 1] * b_scale[3];
         assert!((want[i * n + j] - expected).abs() <= 1e-12 * expected.abs().max(1.0));
+    }
+
+    #[test]
+    fn batches_offset_each_product_and_its_scales() {
+        // Product 1 of three, B shared through stride 0 but scaled per product.
+        let (m, n, k) = (2, 3, 5);
+        let case = batched_case(
+            ScalarType::Fp8E4m3fn,
+            (m, n, k),
+            (0, 0, 0),
+            3,
+            (4, true),
+            &mut StdRng::seed_from_u64(7),
+        );
+        assert_eq!(case.kernel, "batched_gemm_fp8_e4m3fn_nt_per_token_bf16");
+        let data = |name: &str| {
+            case.args
+                .iter()
+                .find_map(|a| match a {
+                    CaseArg::Input { name: n, data, .. } if *n == name => Some(data.clone()),
+                    _ => None,
+                })
+                .unwrap()
+        };
+        let (a, b, a_scale, b_scale) = (data("a"), data("b"), data("a_scale"), data("b_scale"));
+        let stride_a = (m - 1) * k + k + 4;
+        assert_eq!((a.len(), b.len()), (2 * stride_a + m * k, n * k));
+        assert_eq!((a_scale.len(), b_scale.len()), (3 * m, 3 * n));
+        assert!(a[m * k..stride_a].iter().all(|x| x.is_nan()));
+        let strides: Vec<_> = case.args[case.args.len() - 3..]
+            .iter()
+            .map(|a| match a {
+                CaseArg::Scalar(ScalarValue::U64(x)) => *x,
+                _ => panic!("the strides are u64"),
+            })
+            .collect();
+        assert_eq!(strides, [stride_a as u64, 0, (m * n) as u64]);
+        let CaseArg::Output {
+            expect: Expect::StridedClose { want, .. },
+            ..
+        } = &case.args[0]
+        else {
+            panic!("c is a strided output")
+        };
+        let (p, i, j) = (1, 1, 2);
+        let sum: f64 = (0..k)
+            .map(|kk| a[p * stride_a + i * k + kk] * b[j * k + kk])
+            .sum();
+        let expected = sum * a_scale[p * m + i] * b_scale[p * n + j];
+        assert!((want[(p * m + i) * n + j] - expected).abs() <= 1e-12 * expected.abs().max(1.0));
     }
 
     #[test]
