@@ -117,41 +117,38 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
                 grid: [None; 3],
             });
         }
-        for (rows, cols) in [(1, 1), (3, 100), (5, 4099), (2, 10_007)] {
-            let x = input(rng, rows, cols);
-            let (out, scales) = quantize_groups(format, &x, cols, cols);
-            cases.push(Case {
-                kernel: format!("quant_fp8_per_token_{format}_bf16"),
-                label: format!("rows={rows} cols={cols}"),
-                args: [
-                    vec![
-                        exact("out", ty, out),
-                        exact("scales", ScalarType::F32, scales),
-                        CaseArg::input("x", ScalarType::Bf16, x),
-                    ],
-                    rows_cols(rows, cols).to_vec(),
-                ]
-                .concat(),
-                grid: [None; 3],
-            });
-        }
-        for (rows, cols) in [(1, 1), (3, 130), (4, 256), (2, 1000), (33, 128)] {
-            let x = input(rng, rows, cols);
-            let (out, scales) = quantize_groups(format, &x, cols, GROUP);
-            cases.push(Case {
-                kernel: format!("quant_fp8_block_{format}_bf16"),
-                label: format!("rows={rows} cols={cols}"),
-                args: [
-                    vec![
-                        exact("out", ty, out),
-                        exact("scales", ScalarType::F32, scales),
-                        CaseArg::input("x", ScalarType::Bf16, x),
-                    ],
-                    rows_cols(rows, cols).to_vec(),
-                ]
-                .concat(),
-                grid: [None; 3],
-            });
+        // Per token: one group the row's width; per block: groups of GROUP columns.
+        let grouped: [(&str, Option<usize>, &[(usize, usize)]); 2] = [
+            (
+                "per_token",
+                None,
+                &[(1, 1), (3, 100), (5, 4099), (2, 10_007)],
+            ),
+            (
+                "block",
+                Some(GROUP),
+                &[(1, 1), (3, 130), (4, 256), (2, 1000), (33, 128)],
+            ),
+        ];
+        for (scheme, group, shapes) in grouped {
+            for &(rows, cols) in shapes {
+                let x = input(rng, rows, cols);
+                let (out, scales) = quantize_groups(format, &x, cols, group.unwrap_or(cols));
+                cases.push(Case {
+                    kernel: format!("quant_fp8_{scheme}_{format}_bf16"),
+                    label: format!("rows={rows} cols={cols}"),
+                    args: [
+                        vec![
+                            exact("out", ty, out),
+                            exact("scales", ScalarType::F32, scales),
+                            CaseArg::input("x", ScalarType::Bf16, x),
+                        ],
+                        rows_cols(rows, cols).to_vec(),
+                    ]
+                    .concat(),
+                    grid: [None; 3],
+                });
+            }
         }
         for (rows, cols) in [(1, 8), (3, 100), (4, 4096), (2, 10_007)] {
             cases.push(rmsnorm_quant_case(rng, format, rows, cols));
