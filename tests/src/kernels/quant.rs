@@ -118,11 +118,11 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
             });
         }
         // Per token: one group the row's width; per block: groups of GROUP columns.
-        let grouped: [(&str, Option<usize>, &[(usize, usize)]); 2] = [
+        let grouped = [
             (
                 "per_token",
                 None,
-                &[(1, 1), (3, 100), (5, 4099), (2, 10_007)],
+                &[(1, 1), (3, 100), (5, 4099), (2, 10_007)][..],
             ),
             (
                 "block",
