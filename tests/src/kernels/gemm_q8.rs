@@ -383,6 +383,17 @@ mod tests {
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
+    /// The data of `case`'s input argument `name`.
+    fn input_data(case: &Case, name: &str) -> Vec<f64> {
+        case.args
+            .iter()
+            .find_map(|a| match a {
+                CaseArg::Input { name: n, data, .. } if *n == name => Some(data.clone()),
+                _ => None,
+            })
+            .unwrap()
+    }
+
     #[test]
     fn cases_cover_every_symbol_and_accept_their_reference() {
         let cases = cases(&mut StdRng::seed_from_u64(3));
@@ -440,15 +451,7 @@ mod tests {
             (0, 0, 0),
             &mut StdRng::seed_from_u64(5),
         );
-        let data = |name: &str| {
-            case.args
-                .iter()
-                .find_map(|a| match a {
-                    CaseArg::Input { name: n, data, .. } if *n == name => Some(data.clone()),
-                    _ => None,
-                })
-                .unwrap()
-        };
+        let data = |name| input_data(&case, name);
         let (a, b, a_scale, b_scale) = (data("a"), data("b"), data("a_scale"), data("b_scale"));
         assert_eq!((a_scale.len(), b_scale.len()), (m * 2, 2 * 2));
         let CaseArg::Output {
@@ -479,15 +482,7 @@ mod tests {
             &mut StdRng::seed_from_u64(7),
         );
         assert_eq!(case.kernel, "batched_gemm_fp8_e4m3fn_nt_per_token_bf16");
-        let data = |name: &str| {
-            case.args
-                .iter()
-                .find_map(|a| match a {
-                    CaseArg::Input { name: n, data, .. } if *n == name => Some(data.clone()),
-                    _ => None,
-                })
-                .unwrap()
-        };
+        let data = |name| input_data(&case, name);
         let (a, b, a_scale, b_scale) = (data("a"), data("b"), data("a_scale"), data("b_scale"));
         let stride_a = (m - 1) * k + k + 4;
         assert_eq!((a.len(), b.len()), (2 * stride_a + m * k, n * k));
