@@ -398,7 +398,7 @@ impl Bundle {
                 // Not built by design only when the whole bundle has nothing for the device
                 // either, not when the package holding its code is missing.
                 let not_built = match (selection.chosen(), &missing_package) {
-                    (None, None) => self.not_built_for(index, device).ok().flatten().cloned(),
+                    (None, None) => self.not_built_for(index, device).ok().flatten(),
                     _ => None,
                 };
                 let package = match (&self.inner.source, selection.chosen()) {
@@ -444,7 +444,7 @@ impl Bundle {
                         Some(_) => None,
                     };
                     if let Some(not_built) = not_built {
-                        Choice::NotBuilt(not_built.clone())
+                        Choice::NotBuilt(not_built)
                     } else {
                         let mut explanation = select(target, &ids).to_string();
                         if let Some(missing) = missing {
@@ -475,9 +475,13 @@ impl Bundle {
         })
     }
 
-    /// The target module `index` skips on purpose that would have served `device`, if any. It
-    /// reads the manifest, so it is asked only for a module with no code for the device.
-    fn not_built_for(&self, index: usize, device: &TargetId) -> Result<Option<&NotBuilt>> {
+    /// The target module `index` skips on purpose that would have served `device`, if any.
+    /// It is asked only for a module with no code for the device; the lookup table answers it
+    /// from format 1.6 on, the manifest before.
+    fn not_built_for(&self, index: usize, device: &TargetId) -> Result<Option<NotBuilt>> {
+        if let Some(not_built) = self.table().not_built(index) {
+            return Ok(NotBuilt::serving(device, &not_built).cloned());
+        }
         let record = self
             .manifest()?
             .modules
@@ -486,7 +490,7 @@ impl Bundle {
                 what: format!("module {index} of the index's lookup table"),
                 detail: "the index's manifest does not list it".into(),
             })?;
-        Ok(NotBuilt::serving(device, &record.not_built))
+        Ok(NotBuilt::serving(device, &record.not_built).cloned())
     }
 
     /// The bytes of the code image `entry` of module `index`, after the checks the options ask

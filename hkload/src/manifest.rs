@@ -67,13 +67,17 @@ pub const ABI_EXTENSION: &str = "abi.toml";
 /// digest, 1.4 the targets a module is not built for ([`ModuleRecord::not_built`]), 1.5 a
 /// BLAKE3 digest beside the SHA-256 of every module file and code image ([`crate::digest`]),
 /// which hkload checks instead on its load path, and a part of the lookup table that holds
-/// each image's; hkload
+/// each image's, 1.6 a part of the lookup table that holds each module's not-built targets, so
+/// that choosing code objects for a device one of them skips reads no manifest; hkload
 /// reads 1.1 and 1.2 indexes too (their kernels launch only with explicit dimensions), and no
 /// bundle without an index (see [`crate::bundle`]).
-pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 5 };
+pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 6 };
 
 /// The first minor format that records BLAKE3 digests.
 pub const BLAKE3_SINCE: u32 = 5;
+
+/// The first minor format whose lookup table holds each module's not-built targets.
+pub const NOT_BUILT_TABLE_SINCE: u32 = 6;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -727,14 +727,14 @@ fn an_empty_kernel_record_far_outside_the_index_is_refused_even_with_its_digest_
     let len = index.len();
     // The table's layout (index/lookup.rs): a 40-byte header whose last five numbers count
     // ID rows (8 bytes each), module rows (41), entry rows (44; as many BLAKE3 rows of 32
-    // follow them), kernel rows (16) and text; the footer's first four bytes give the table's
-    // size.
+    // follow them), kernel rows (16) and text, then a 4-byte extension; the footer's first four
+    // bytes give the table's size.
     let table = len - u32::from_le_bytes(index[len - 8..len - 4].try_into().unwrap()) as usize;
     let count =
         |at: usize| u32::from_le_bytes(index[table + at..table + at + 4].try_into().unwrap());
     let (ids, modules, entries) = (count(20), count(24), count(28));
     let first_kernel =
-        table + 40 + 8 * ids as usize + 41 * modules as usize + (44 + 32) * entries as usize;
+        table + 44 + 8 * ids as usize + 41 * modules as usize + (44 + 32) * entries as usize;
     let record = first_kernel + 8;
     index[record..record + 4].copy_from_slice(&u32::MAX.to_le_bytes());
     index[record + 4..record + 8].copy_from_slice(&0u32.to_le_bytes());
@@ -768,7 +768,7 @@ fn an_empty_kernel_record_far_outside_the_index_is_refused_even_with_its_digest_
 fn a_damaged_format_version_reads_as_damage() {
     let (_package, dir) = small_bundle(false);
     let index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
-    // The version string is a MessagePack fixstr at the file's start: 0xa3, then `1.5`.
+    // The version string is a MessagePack fixstr at the file's start: 0xa3, then `1.6`.
     let version = [&[0xa3][..], FORMAT_VERSION.to_string().as_bytes()].concat();
     assert_eq!(index[..4], version);
     let with_version = |text: &[u8; 3]| leak([&[0xa3][..], text, &index[4..]].concat());
@@ -785,7 +785,7 @@ fn a_damaged_format_version_reads_as_damage() {
         (b"0.3", "SHA-256"),
         (b"1.2", "SHA-256"),
         (b"1.4", "SHA-256"),
-        (b"1.6", "BLAKE3"),
+        (b"1.7", "BLAKE3"),
         (b"1,5", "SHA-256"),
     ] {
         let error = open(with_version(text), OpenOptions::default());
