@@ -710,29 +710,35 @@ impl ImageCheck {
     }
 }
 
-/// Loads `image` on `device` after `check`, if any: hashed first for a signed or pinned bundle
-/// or a small image; otherwise hashed on another thread while the driver loads it, the module
-/// unloaded again if the digest is wrong. Either way nothing is launched from a module whose
-/// image did not pass: the caller gets its handle only after the check.
+/// Loads `image` on `device` after `check`, if any, and runs `then` on the loaded module (the
+/// first kernel's lookup): hashed first for a signed or pinned bundle or a small image;
+/// otherwise hashed on another thread while the driver loads the module and `then` runs, the
+/// module unloaded again if the digest is wrong. Either way nothing is launched from a module
+/// whose image did not pass: the caller gets its handle only after the check.
 ///
-/// Why concurrently: hashing a 661 KB cubin with SHA-256 took longer than `cuModuleLoadData`
-/// of it on the H100 machine (`gpu_bench`: a verified cold start 5.07x the raw load, 1.4x
-/// unverified), and even BLAKE3's 66 µs (development machine) is time the driver's load can
-/// hide; the two need nothing from each other. Small images are hashed first: see
-/// [`Digests::concurrent_from`].
-fn load_checked(
+/// Why concurrently: hashing the 661 KB cubin of `gpu_bench` with BLAKE3 took 108 µs on the
+/// H100 machine, about half of what the driver takes to load it; the two need nothing from
+/// each other. Why `then` inside: the CUDA driver loads lazily by default, so
+/// `cuModuleLoadData` of that cubin returned in 39 µs and most of the load (some 150 µs) came
+/// at the first `cuModuleGetFunction`; hashing only beside the former hid a third of the hash.
+/// Small images are hashed first: see [`Digests::concurrent_from`].
+fn load_checked<T>(
     device: &Device,
     kind: crate::driver::ImageKind,
     image: &[u8],
     check: Option<&ImageCheck>,
-) -> Result<ModuleHandle> {
-    let load = || device.driver().load_module(device.ordinal(), kind, image);
+    then: impl FnOnce(ModuleHandle) -> T,
+) -> Result<(ModuleHandle, T)> {
+    let load = || {
+        let handle = device.driver().load_module(device.ordinal(), kind, image)?;
+        Ok::<_, Error>((handle, then(handle)))
+    };
     let Some(check) = check else {
-        return Ok(load()?);
+        return load();
     };
     if check.before_load || image.len() < check.expected.concurrent_from() {
         check.run(image)?;
-        return Ok(load()?);
+        return load();
     }
     let (hashed, loaded) = std::thread::scope(|scope| {
         let hashing = scope.spawn(|| check.run(image));
@@ -741,8 +747,8 @@ fn load_checked(
     });
     let hashed = hashed.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
     match (hashed, loaded) {
-        (Ok(()), loaded) => Ok(loaded?),
-        (Err(error), Ok(handle)) => {
+        (Ok(()), loaded) => loaded,
+        (Err(error), Ok((handle, _))) => {
             // The module was never handed out; a failed unload leaves nothing to recover.
             let _ = device.driver().unload_module(handle);
             Err(error)
@@ -891,7 +897,7 @@ impl LoadedBundle {
     pub fn preload(&self) -> Result<()> {
         for slot in &self.inner.modules {
             if let Choice::Entry(entry) = &slot.choice {
-                self.module(slot, entry)?;
+                self.module(slot, entry, None)?;
             }
         }
         Ok(())
@@ -927,8 +933,11 @@ impl LoadedBundle {
             what: format!("kernel `{symbol}`"),
             detail,
         })?;
-        let module = self.module(slot, entry)?;
-        let function = self.inner.device.driver().function(module.handle, symbol)?;
+        let (module, function) = self.module(slot, entry, Some(symbol))?;
+        let function = match function {
+            Some(function) => function?,
+            None => self.inner.device.driver().function(module.handle, symbol)?,
+        };
         Ok(Kernel {
             inner: Arc::new(KernelInner {
                 name: symbol.to_owned(),
@@ -940,19 +949,33 @@ impl LoadedBundle {
         })
     }
 
-    /// Module `slot`, whose chosen entry is `entry`, loaded on first use.
-    fn module(&self, slot: &ModuleSlot, entry: &EntryId) -> Result<Arc<LoadedModule>> {
-        slot.loaded
+    /// Module `slot`, whose chosen entry is `entry`, loaded on first use; and if this call
+    /// loaded it, kernel `symbol` looked up while its image was verified (see
+    /// [`load_checked`]), else `None`.
+    fn module(
+        &self,
+        slot: &ModuleSlot,
+        entry: &EntryId,
+        symbol: Option<&str>,
+    ) -> Result<(Arc<LoadedModule>, Option<Result<FunctionHandle>>)> {
+        let mut function = None;
+        let module = slot
+            .loaded
             .get_or_init(|| {
                 let device = &self.inner.device;
                 let (image, check) = self.inner.bundle.code_image(slot.index, entry)?;
-                let handle = load_checked(device, entry.image_kind(), &image, check.as_ref())?;
+                let lookup =
+                    |handle| symbol.map(|symbol| Ok(device.driver().function(handle, symbol)?));
+                let (handle, looked_up) =
+                    load_checked(device, entry.image_kind(), &image, check.as_ref(), lookup)?;
+                function = looked_up;
                 Ok(Arc::new(LoadedModule {
                     device: device.clone(),
                     handle,
                 }))
             })
-            .clone()
+            .clone()?;
+        Ok((module, function))
     }
 }
 
