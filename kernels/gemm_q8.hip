@@ -25,6 +25,14 @@
 //   <format> is the one the target's instruction computes on (hk/tile/mfma8.h,
 //   hk/tile/mma_sync8.h): e4m3fnuz on gfx942, e4m3fn on gfx950 and sm_90, so each
 //   format is its own module with the other targets skipped (and gfx90a, sm_80: none at all).
+// HK_GEMM_A16W8 (manifests/gemm_a16w8.toml): bf16 activations x FP8 weights (weight-only
+//   quantization, for decode), bf16 products in f32 sums, on every target in both formats
+//   (the weights are widened to bf16 on the way to shared memory, hk/tile/widen.h, so no FP8
+//   instruction is needed):
+//   gemm_a16w8_blockscale_<format>_nt[_bias]_bf16(c, a, b, b_scale, [bias,] m, n, k, lda,
+//     ldb, ldc): b_scale [ceil(N/128)][G] per 128 x 128 block of B as above, G = ceil(K/128):
+//     C[i][j] = bf16(Σ_g f32(Σ_{k in g} A[i][k] B[j][k]) · b_scale[j/128][g] (+ bias[j])),
+//     the dequantized weight B[j][k] · b_scale[j/128][g] applied group by group, exactly.
 //
 // Launch: the contracts in the manifests (eight waves a block of 128 x 128 of C, grid x over n,
 // y over m, z over a batch's products). The structure is gemm.hip's (see there): K in steps of
@@ -45,7 +53,15 @@ enum class Scales {
   kPerTensor,  // a_scale[0] · b_scale[0]
   kPerToken,   // a_scale[row] · b_scale[column]
   kBlock,      // per 128-deep group g: a_scale[row][g] · b_scale[column / 128][g]
+  kWeightBlock,  // weight-only: per 128-deep group g, b_scale[column / 128][g]; A is bf16, B
+                 // FP8 widened to bf16 as it is staged
 };
+
+// Whether the scheme scales group by group (the partial sums of each 128-deep group folded
+// into a second set of accumulators).
+constexpr bool grouped(Scales scales) {
+  return scales == Scales::kBlock || scales == Scales::kWeightBlock;
+}
 
 // 128 x 128 blocks of C, 64 elements (bytes) deep a step: the 16-bit Square's shape and bytes.
 // Eight waves of 64 x 32, 8 atoms of 16 x 16 each (four waves of 64 x 64, as Square, spilled
@@ -53,6 +69,8 @@ enum class Scales {
 // shared memory), AMD double-buffers through registers. Block scales keep a second set of
 // accumulators (the scaled total of the finished groups); with it sm_90 spilled 4 to 10
 // registers at 64 deep, and none at 32, so NVIDIA's block-scaled kernels step 32 deep.
+// Weight-only kernels multiply bf16: 32 elements are the same 64 bytes; they stage through
+// registers on every target (the widening happens there), in two stages.
 constexpr unsigned kThreads = 2 * 4 * hk::kWaveSize;
 template <Scales kScales> struct Tiling {
   static constexpr unsigned kTileM = 128, kTileN = 128;
@@ -61,9 +79,10 @@ template <Scales kScales> struct Tiling {
   static_assert(kWavesM * kWavesN * hk::kWaveSize == kThreads, "eight waves a block");
   static constexpr unsigned kWaveRows = kTileM / kWavesM, kWaveCols = kTileN / kWavesN;
 #if HK_AMD
-  static constexpr unsigned kTileK = 64, kStages = 2;
+  static constexpr unsigned kTileK = kScales == Scales::kWeightBlock ? 32 : 64, kStages = 2;
 #else
-  static constexpr unsigned kTileK = kScales == Scales::kBlock ? 32 : 64, kStages = 3;
+  static constexpr unsigned kTileK = grouped(kScales) ? 32 : 64;
+  static constexpr unsigned kStages = kScales == Scales::kWeightBlock ? 2 : 3;
 #endif
 };
 
@@ -71,10 +90,18 @@ template <Scales kScales> struct Tiling {
 // of C is one group wide, so one b_scale a group multiplies all of it, and a group is whole
 // steps deep, so a group's partial sums are complete at the end of a step.
 constexpr unsigned kScaleGroup = 128;
-using BlockTiling = Tiling<Scales::kBlock>;
-static_assert(BlockTiling::kTileN == kScaleGroup, "a block of C shares one b_scale a group");
-static_assert(kScaleGroup % BlockTiling::kTileK == 0, "a scale group is whole steps deep");
-constexpr unsigned kStepsPerGroup = kScaleGroup / BlockTiling::kTileK;
+template <class Tl> constexpr bool kGroupsFit =
+    Tl::kTileN == kScaleGroup && kScaleGroup % Tl::kTileK == 0;
+static_assert(kGroupsFit<Tiling<Scales::kBlock>> && kGroupsFit<Tiling<Scales::kWeightBlock>>,
+              "a block of C shares one b_scale a group, and a group is whole steps deep");
+
+// How B is staged through registers: as it is, or widened from FP8 to the tile's bf16.
+template <class Tile, unsigned kThreads, typename TB, bool kWiden> struct StagedB {
+  using Copy = hk::tile::StagedCopy<Tile, kThreads>;
+};
+template <class Tile, unsigned kThreads, typename TB> struct StagedB<Tile, kThreads, TB, true> {
+  using Copy = hk::tile::WideningCopy<Tile, kThreads, TB>;
+};
 
 // Element strides between the matrices of a batch (the scales are dense: m and n apart).
 struct BatchStrides {
@@ -105,9 +132,10 @@ template <typename T, class Tl> struct Stage {
   hk::tile::SharedTile<T, Tl::kTileN, Tl::kTileK> b;
 };
 
-// kBatch: the grid's z takes one product of a batch each (strides); otherwise z is 1.
-template <typename T, Scales kScales, bool kBias, bool kBatch = false>
-HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
+// kBatch: the grid's z takes one product of a batch each (strides); otherwise z is 1. T is A's
+// element type and the one multiplied; TB is B's as stored (T, but for weight-only kernels).
+template <typename T, Scales kScales, bool kBias, bool kBatch = false, typename TB = T>
+HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const TB* __restrict__ b,
                        const float* __restrict__ a_scale, const float* __restrict__ b_scale,
                        const hk::bf16* __restrict__ bias, unsigned m, unsigned n, unsigned k,
                        unsigned lda, unsigned ldb, unsigned ldc, BatchStrides strides = {}) {
@@ -135,7 +163,10 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
   const unsigned wave_row = wave / Tl::kWavesN * Tl::kWaveRows;
   const unsigned wave_col = wave % Tl::kWavesN * Tl::kWaveCols;
   const hk::tile::GlobalMatrix<T> ga{a, m, k, lda};
-  const hk::tile::GlobalMatrix<T> gb{b, n, k, ldb};
+  const hk::tile::GlobalMatrix<TB> gb{b, n, k, ldb};
+  constexpr bool kWiden = kScales == Scales::kWeightBlock;
+  static_assert(kWiden == (sizeof(TB) != sizeof(T)), "only weight-only kernels widen B");
+  using BCopy = typename StagedB<decltype(Stage::b), Tl::kThreads, TB, kWiden>::Copy;
 
   Acc acc;
   acc.zero();
@@ -156,7 +187,10 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
         // Rows past m sum only the zero fill and are never stored; they read the last
         // row's scale, as theirs are not in a_scale.
         const unsigned at = row0 + wave_row + i * Atom::kM + Atom::row(v);
-        scale[v] = a_scale[(at < m ? at : m - 1) * groups + group] * b_group;
+        if constexpr (kScales == Scales::kWeightBlock)
+          scale[v] = b_group;
+        else
+          scale[v] = a_scale[(at < m ? at : m - 1) * groups + group] * b_group;
       }
 #pragma unroll
       for (unsigned j = 0; j < Acc::kTilesN; ++j)
@@ -171,14 +205,20 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
 #pragma unroll
     for (unsigned kk = 0; kk < Tl::kTileK; kk += Atom::kK)
       hk::tile::mma<BLayout::kNK>(acc, s.a, s.b, wave_row, wave_col, kk);
-    if constexpr (kScales == Scales::kBlock) {
+    if constexpr (grouped(kScales)) {
+      constexpr unsigned kStepsPerGroup = kScaleGroup / Tl::kTileK;
       if (step % kStepsPerGroup == kStepsPerGroup - 1 || step + 1 == steps)
         fold(step / kStepsPerGroup);
     }
   };
 
-  const bool vector = ga.vector_rows() && gb.vector_rows();
+  bool vector = ga.vector_rows();
+  if constexpr (kWiden)
+    vector = vector && BCopy::vector_rows(gb);
+  else
+    vector = vector && gb.vector_rows();
 #if HK_NVIDIA
+  if constexpr (!kWiden) {
   if (vector) {
     constexpr unsigned kStages = Tl::kStages;
     const auto copy = [&](unsigned s) HK_INLINE {
@@ -211,10 +251,12 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
       hk::block_sync();
     }
   }
-#else
+  } else
+#endif
   {
+    // Through registers: AMD's way, and weight-only kernels' on every target.
     hk::tile::StagedCopy<decltype(Stage::a), Tl::kThreads> next_a;
-    hk::tile::StagedCopy<decltype(Stage::b), Tl::kThreads> next_b;
+    BCopy next_b;
     const auto fetch = [&](unsigned s) HK_INLINE {
       next_a.fetch(ga, row0, s * Tl::kTileK, thread, vector);
       next_b.fetch(gb, col0, s * Tl::kTileK, thread, vector);
@@ -236,13 +278,12 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
       hk::block_sync();
     }
   }
-#endif
 
   // The scales apply to the finished sums (an i32 sum converts to f32 once, rounding only
   // past 2^24), in the order the reference states: sum · a_scale · b_scale (+ bias); block
   // scales were applied group by group (fold).
   const float tensor_scale = kScales == Scales::kPerTensor ? a_scale[0] * b_scale[0] : 0.0f;
-  const Acc& sums = kScales == Scales::kBlock ? total : acc;
+  const Acc& sums = grouped(kScales) ? total : acc;
   sums.for_each([&](unsigned r, unsigned col, auto sum) HK_INLINE {
     const unsigned row = row0 + wave_row + r, column = col0 + wave_col + col;
     if (row < m && column < n) {
@@ -286,7 +327,24 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
                                                ldb, ldc, {stride_a, stride_b, stride_c});       \
   }
 
-#if defined(HK_GEMM_A8W8)
+// The weight-only GEMM of one FP8 format: A bf16, B FP8, block scales for B alone.
+#define HK_A16W8(format)                                                                     \
+  HK_A16W8_ENTRY(gemm_a16w8_blockscale_##format##_nt_bf16, format, false, )                  \
+  HK_A16W8_ENTRY(gemm_a16w8_blockscale_##format##_nt_bias_bf16, format, true,                \
+                 const hk::bf16* bias, )
+#define HK_A16W8_ENTRY(name, format, kBias, ...)                                               \
+  HK_Q8_ENTRY(name)(hk::bf16 * c, const hk::bf16* a, const hk::fp8_##format* b,                 \
+                    const float* b_scale, __VA_ARGS__ HK_Q8_SIZES) {                            \
+    gemm_q8<hk::bf16, Scales::kWeightBlock, kBias, false, hk::fp8_##format>(                    \
+        c, a, b, nullptr, b_scale, HK_A16W8_BIAS_##kBias, m, n, k, lda, ldb, ldc);              \
+  }
+#define HK_A16W8_BIAS_false nullptr
+#define HK_A16W8_BIAS_true bias
+
+#if defined(HK_GEMM_A16W8)
+HK_A16W8(e4m3fn)
+HK_A16W8(e4m3fnuz)
+#elif defined(HK_GEMM_A8W8)
 HK_Q8(gemm_a8w8_nt, hk::i8, Scales::kPerToken)
 HK_Q8_BATCHED(batched_gemm_a8w8_nt, hk::i8)
 #elif defined(HK_GEMM_FP8)
@@ -299,5 +357,5 @@ HK_Q8_BATCHED(batched_gemm_a8w8_nt, hk::i8)
 #define HK_Q8_FP8_EXPAND(format) HK_Q8_FP8(format)
 HK_Q8_FP8_EXPAND(HK_GEMM_FP8)
 #else
-#error "define HK_GEMM_A8W8, or HK_GEMM_FP8 as the FP8 format to build (the manifest does)"
+#error "define HK_GEMM_A8W8, HK_GEMM_A16W8, or HK_GEMM_FP8 as the FP8 format to build (the manifest does)"
 #endif

@@ -23,6 +23,7 @@ namespace hk::tile {
 
 template <typename T, unsigned kRows_, unsigned kCols_> struct SharedTile {
   static_assert(sizeof(T) == 2 || sizeof(T) == 1, "shared tiles hold 16-bit or 8-bit elements");
+  using Element = T;
   static constexpr unsigned kRows = kRows_;
   static constexpr unsigned kCols = kCols_;
   static constexpr unsigned kChunk = 16 / sizeof(T);  // elements in a 16-byte chunk

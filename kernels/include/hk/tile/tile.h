@@ -9,8 +9,10 @@
 //   hk/tile/mma_sync.h  NVIDIA mma.sync with ldmatrix (sm_80, sm_90)
 //   hk/tile/mfma8.h,    the same for 8-bit inputs (i8, FP8 E4M3)
 //   hk/tile/mma_sync8.h
+//   hk/tile/widen.h     WideningCopy: FP8 blocks widened to bf16 tiles on the way (weight-only)
 #pragma once
 
 #include "copy.h"
 #include "mma.h"
 #include "shared.h"
+#include "widen.h"
