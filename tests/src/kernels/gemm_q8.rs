@@ -12,6 +12,10 @@
 //! Inputs are the contract's extents with poison (NaN for FP8, which the format encodes; the
 //! largest int8 for int8) in the gaps between rows; C's gaps must stay NaN.
 //!
+//! `gemm_a16w8_blockscale_{e4m3fn,e4m3fnuz}_nt[_bias]_bf16` (weight-only) take A in bf16 and
+//! scale each group by `b_scale[j / 128][g]` alone; the reference and bound are the block
+//! scales' (bf16 products are exact in f32, as FP8 ones are).
+//!
 //! `batched_gemm_a8w8_nt_bf16` and `batched_gemm_fp8_{e4m3fn,e4m3fnuz}_nt_per_token_bf16`
 //! compute `batch` per-token products, matrix `p` of each `stride_*` elements after matrix
 //! `p - 1` (0 shares one) and scales dense per product (`a_scale [batch][M]`, `b_scale
@@ -40,6 +44,24 @@ pub enum Scales {
     /// A scale per row of A and 128-deep group of k, `[M][G]`; per 128 x 128 block of B,
     /// `[ceil(N / 128)][G]`, with `G = ceil(K / 128)`.
     Block,
+    /// Weight-only: A in bf16, no scale; B's per 128 x 128 block as in `Block`.
+    WeightBlock,
+}
+
+impl Scales {
+    /// Whether the sums are scaled group by group along k.
+    fn grouped(self) -> bool {
+        matches!(self, Scales::Block | Scales::WeightBlock)
+    }
+
+    /// A's element type when B's is `elem`.
+    fn a_elem(self, elem: ScalarType) -> ScalarType {
+        if self == Scales::WeightBlock {
+            ScalarType::Bf16
+        } else {
+            elem
+        }
+    }
 }
 
 /// The depth of a block scale's group along k, and the width of B's blocks.
@@ -55,6 +77,10 @@ pub fn symbol(elem: ScalarType, scales: Scales, bias: bool) -> String {
         (_, Scales::Block) => {
             let format = elem.name().trim_start_matches("fp8_");
             format!("gemm_fp8_blockscale_{format}_nt{bias}_bf16")
+        }
+        (_, Scales::WeightBlock) => {
+            let format = elem.name().trim_start_matches("fp8_");
+            format!("gemm_a16w8_blockscale_{format}_nt{bias}_bf16")
         }
     }
 }
@@ -110,6 +136,7 @@ fn scale_lens(scales: Scales, (m, n, k): (usize, usize, usize)) -> (usize, usize
         Scales::PerTensor => (1, 1),
         Scales::PerToken => (m, n),
         Scales::Block => (m * groups, n.div_ceil(SCALE_GROUP) * groups),
+        Scales::WeightBlock => (0, n.div_ceil(SCALE_GROUP) * groups),
     }
 }
 
@@ -144,14 +171,11 @@ fn reference(scales: Scales, (m, n, k): (usize, usize, usize), x: &Operands) -> 
             let g = kk / SCALE_GROUP;
             x.a_scale[i * groups + g] * x.b_scale[j / SCALE_GROUP * groups + g]
         }
+        Scales::WeightBlock => x.b_scale[j / SCALE_GROUP * groups + kk / SCALE_GROUP],
     };
     let mut want = vec![0.0; m * n];
     let (mut spread, mut largest) = (0.0f64, 0.0f64);
-    let depth = if scales == Scales::Block {
-        SCALE_GROUP
-    } else {
-        k
-    };
+    let depth = if scales.grouped() { SCALE_GROUP } else { k };
     for i in 0..m {
         for j in 0..n {
             // Group by group (one group for the schemes without blocks): the scaled sum, the
@@ -188,7 +212,7 @@ fn abs_tolerance(elem: ScalarType, scales: Scales, k: usize, r: &Reference) -> f
     } else {
         k as f64 * 2f64.powi(-22) * r.spread
     };
-    let roundings = if scales == Scales::Block {
+    let roundings = if scales.grouped() {
         k.div_ceil(SCALE_GROUP) + 3
     } else {
         4
@@ -222,7 +246,8 @@ pub fn case(
     rng: &mut impl Rng,
 ) -> Case {
     let (lda, ldb, ldc) = (k + pad.0, k + pad.1, n + pad.2);
-    let a = strided(rng, elem, m, k, lda);
+    let a_elem = scales.a_elem(elem);
+    let a = strided(rng, a_elem, m, k, lda);
     let b = strided(rng, elem, n, k, ldb);
     let (a_len, b_len) = scale_lens(scales, (m, n, k));
     let a_scale = random_scales(rng, a_len);
@@ -245,11 +270,13 @@ pub fn case(
     let abs = abs_tolerance(elem, scales, k, &r);
     let mut args = vec![
         output(r.want, abs, m, n, ldc),
-        CaseArg::input("a", elem, a),
+        CaseArg::input("a", a_elem, a),
         CaseArg::input("b", elem, b),
-        CaseArg::input("a_scale", ScalarType::F32, a_scale),
-        CaseArg::input("b_scale", ScalarType::F32, b_scale),
     ];
+    if scales != Scales::WeightBlock {
+        args.push(CaseArg::input("a_scale", ScalarType::F32, a_scale));
+    }
+    args.push(CaseArg::input("b_scale", ScalarType::F32, b_scale));
     if let Some(values) = bias_values {
         args.push(CaseArg::input("bias", ScalarType::Bf16, values));
     }
@@ -362,7 +389,12 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
         let schemes: &[Scales] = if elem == ScalarType::I8 {
             &[Scales::PerToken]
         } else {
-            &[Scales::PerTensor, Scales::PerToken, Scales::Block]
+            &[
+                Scales::PerTensor,
+                Scales::PerToken,
+                Scales::Block,
+                Scales::WeightBlock,
+            ]
         };
         for &scales in schemes {
             for (i, &(size, pad)) in SHAPES.iter().enumerate() {
@@ -398,10 +430,19 @@ mod tests {
     fn cases_cover_every_symbol_and_accept_their_reference() {
         let cases = cases(&mut StdRng::seed_from_u64(3));
         for elem in ELEMENTS {
-            for scales in [Scales::PerTensor, Scales::PerToken, Scales::Block] {
+            for scales in [
+                Scales::PerTensor,
+                Scales::PerToken,
+                Scales::Block,
+                Scales::WeightBlock,
+            ] {
                 for bias in [false, true] {
                     let symbol = symbol(elem, scales, bias);
-                    assert!(cases.iter().any(|c| c.kernel == symbol), "{symbol}");
+                    let int8_only_per_token = elem == ScalarType::I8 && scales != Scales::PerToken;
+                    assert!(
+                        int8_only_per_token || cases.iter().any(|c| c.kernel == symbol),
+                        "{symbol}"
+                    );
                 }
             }
         }
@@ -466,6 +507,46 @@ mod tests {
             |g: std::ops::Range<usize>| g.map(|kk| a[i * k + kk] * b[j * k + kk]).sum::<f64>();
         let expected = group(0..128) * a_scale[i * 2] * b_scale[2]
             + group(128..200) * a_scale[i * 2 + 1] * b_scale[3];
+        assert!((want[i * n + j] - expected).abs() <= 1e-12 * expected.abs().max(1.0));
+    }
+
+    #[test]
+    fn weight_only_scales_weigh_each_group_of_b_alone() {
+        let (m, n, k) = (2, 130, 200);
+        let case = case(
+            ScalarType::Fp8E4m3fnuz,
+            Scales::WeightBlock,
+            true,
+            (m, n, k),
+            (0, 0, 0),
+            &mut StdRng::seed_from_u64(9),
+        );
+        assert_eq!(case.kernel, "gemm_a16w8_blockscale_e4m3fnuz_nt_bias_bf16");
+        let names: Vec<&str> = case
+            .args
+            .iter()
+            .filter_map(|arg| match arg {
+                CaseArg::Input { name, .. } | CaseArg::Output { name, .. } => Some(*name),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["c", "a", "b", "b_scale", "bias"]);
+        let data = |name| input_data(&case, name);
+        let (a, b, b_scale, bias) = (data("a"), data("b"), data("b_scale"), data("bias"));
+        assert_eq!(b_scale.len(), 2 * 2);
+        // A is bf16: values that FNUZ E4M3 cannot hold (finer than 3 mantissa bits) occur.
+        assert!(a.iter().any(|&x| round_to(ScalarType::Fp8E4m3fnuz, x) != x));
+        let CaseArg::Output {
+            expect: Expect::StridedClose { want, .. },
+            ..
+        } = &case.args[0]
+        else {
+            panic!("c is a strided output")
+        };
+        let (i, j) = (1, 129);
+        let group =
+            |g: std::ops::Range<usize>| g.map(|kk| a[i * k + kk] * b[j * k + kk]).sum::<f64>();
+        let expected = group(0..128) * b_scale[2] + group(128..200) * b_scale[3] + bias[j];
         assert!((want[i * n + j] - expected).abs() <= 1e-12 * expected.abs().max(1.0));
     }
 
