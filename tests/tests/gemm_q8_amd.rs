@@ -1,8 +1,10 @@
 //! The 8-bit GEMM modules on AMD, statically (no AMD GPU runs here): `gemm_a8w8` (int8) for
 //! gfx90a, gfx942 and gfx950, `gemm_fp8_e4m3fnuz` for gfx942 and `gemm_fp8_e4m3fn` for gfx950,
-//! built by the real hkpack. Every code object reads back with `llvm-readelf`, every kernel
+//! `gemm_a16w8` (bf16 x FP8 weights widened to bf16, both formats) for all three, built by the
+//! real hkpack. Every code object reads back with `llvm-readelf`, every kernel
 //! fits its target without spills or scratch, and its disassembly (`llvm-objdump
-//! --mcpu=<target>`) holds exactly the target's 8-bit MFMA and no other. Each FP8 format goes
+//! --mcpu=<target>`) holds exactly the target's 8-bit MFMA (bf16 MFMA for the weight-only
+//! kernels) and no other. Each FP8 format goes
 //! to the target whose MFMA reads it, proven on the code objects (their ELF machine against
 //! their kernels' pointee types) and by the compiler refusing the other format.
 //!
@@ -39,10 +41,22 @@ const FP8_MODULES: [(&str, &str, &str); 2] = [
     ("gemm_fp8_e4m3fn", "gfx950", "fp8_e4m3fn"),
 ];
 
-const MANIFESTS: [&str; 3] = [
+/// The weight-only module, and per target its bf16 MFMA and count: eight atoms a wave times
+/// the 32-deep step over the instruction's k (16, 32 on gfx950).
+const A16W8: (&str, [(&str, &str, usize); 3]) = (
+    "gemm_a16w8",
+    [
+        ("gfx90a", "v_mfma_f32_16x16x16bf16_1k", 8 * 2),
+        ("gfx942", "v_mfma_f32_16x16x16_bf16", 8 * 2),
+        ("gfx950", "v_mfma_f32_16x16x32_bf16", 8),
+    ],
+);
+
+const MANIFESTS: [&str; 4] = [
     "gemm_a8w8.toml",
     "gemm_fp8_e4m3fnuz.toml",
     "gemm_fp8_e4m3fn.toml",
+    "gemm_a16w8.toml",
 ];
 
 fn build_q8(dir: &Path) -> std::path::PathBuf {
@@ -86,8 +100,9 @@ fn q8_gemms_fit_every_amd_target_and_use_its_mfma() {
     let kernels = Bundle::open(&bundle).unwrap();
     let records = kernels.kernel_records().unwrap();
     // int8: two kernels and the batched one; each FP8 format: per tensor, per token and block
-    // scales, each with and without a bias, and the batched per-token one.
-    assert_eq!(records.len(), 3 + 7 + 7);
+    // scales, each with and without a bias, and the batched per-token one; weight-only: two
+    // formats, with and without a bias.
+    assert_eq!(records.len(), 3 + 7 + 7 + 4);
     for batched in [
         "batched_gemm_a8w8_nt_bf16",
         "batched_gemm_fp8_e4m3fnuz_nt_per_token_bf16",
@@ -103,8 +118,10 @@ fn q8_gemms_fit_every_amd_target_and_use_its_mfma() {
             if fp8.is_some_and(|m| m.1 != target) {
                 continue;
             }
+            let bf16 = A16W8.1.iter().find(|t| t.0 == target).unwrap();
             let (want, count) = match fp8 {
                 Some(_) => FP8_MFMA,
+                None if module.name == A16W8.0 => (bf16.1, bf16.2),
                 None => (int8_mfma, int8_count),
             };
             let text = amd_disassembly(&bundle, &module.file, target, scratch.path());
@@ -131,9 +148,16 @@ fn q8_gemms_fit_every_amd_target_and_use_its_mfma() {
                     .into_iter()
                     .filter(|m| m.starts_with("v_mfma"))
                     .collect();
-                assert_eq!(
-                    mfmas.iter().filter(|&&m| m == want).count(),
-                    count,
+                let found = mfmas.iter().filter(|&&m| m == want).count();
+                // The weight-only kernels' step comes out twice on every target (clang 22
+                // emits their main loop in two copies): whole steps, then.
+                let whole_steps = if module.name == A16W8.0 {
+                    found > 0 && found % count == 0
+                } else {
+                    found == count
+                };
+                assert!(
+                    whole_steps,
                     "{symbol} on {target}: expected {count} x {want}, found {mfmas:?}"
                 );
                 assert!(
@@ -144,8 +168,8 @@ fn q8_gemms_fit_every_amd_target_and_use_its_mfma() {
             }
         }
     }
-    // int8 on three targets, each FP8 format on one.
-    assert_eq!(checked, 3 * 3 + 7 + 7);
+    // int8 on three targets, each FP8 format on one, weight-only on three.
+    assert_eq!(checked, 3 * 3 + 7 + 7 + 3 * 4);
 }
 
 #[test]
