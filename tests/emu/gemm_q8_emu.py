@@ -24,6 +24,12 @@ instead (amd-emulator.md lists the faults):
   (gemm_q8_amd.rs: ELF processor against the kernels' pointee types, and the compiler refusing
   OCP for gfx942).
 
+- gemm_a16w8 (bf16 x FP8 weights widened to bf16, both formats): gfx942 and gfx950 run; gfx90a
+  is not counted, as for gemm_emu.py's bf16 GEMMs (its bf16 MFMA decodes as another
+  instruction). gfx942 widens FNUZ weights with its conversion instruction, which the emulator
+  reads as OCP: those cases get b_scale halved (OCP = 2 x FNUZ, as above) and are labelled
+  "corrected"; OCP weights there, and FNUZ weights on gfx950, are widened in software.
+
 Each case checks C against the reference bound and that nothing outside C changed; each target
 also runs a deliberately broken copy (its first 8-bit MFMA turned into another one), which must
 fail.
@@ -46,9 +52,9 @@ from gemm_emu import LLVM, POISON16, Buffer, CodeObject, file_offset, from_bits,
 # instruction a broken copy gets instead: i8 -> FP8 (f32 sums read as i32), i8 k64 -> k32 (half
 # of k dropped), FP8 x FP8 -> FP8 x BF8 (B read as E5M2).
 MFMA = {
-    "gfx90a": {"i8": (0xD3D5, None)},
-    "gfx942": {"i8": (0xD3D7, 0xD3F3), "fp8": (0xD3F3, 0xD3F2)},
-    "gfx950": {"i8": (0xD3B6, 0xD3D7), "fp8": (0xD3F3, 0xD3F2)},
+    "gfx90a": {"i8": (0xD3D5, None), "bf16": (None, None)},
+    "gfx942": {"i8": (0xD3D7, 0xD3F3), "fp8": (0xD3F3, 0xD3F2), "bf16": gemm_emu.MFMA_OPCODE["gfx942"]},
+    "gfx950": {"i8": (0xD3B6, 0xD3D7), "fp8": (0xD3F3, 0xD3F2), "bf16": gemm_emu.MFMA_OPCODE["gfx950"]},
 }
 # (element kind, target) whose runs cannot count, and why (measured on the 2026-08 snapshot):
 # one case runs and is reported, never counted.
@@ -56,6 +62,7 @@ NOT_EMULATED = {
     ("i8", "gfx90a"): "the emulator decodes gfx942's opcode map, in which v_mfma_i32_16x16x16i8 is another instruction",
     ("i8", "gfx942"): "the emulator's C for v_mfma_i32_16x16x32_i8 does not compile (int4 assigned to unsigned int4)",
     ("i8", "gfx950"): "the emulator's C for v_mfma_i32_16x16x64_i8 does not compile (int4 assigned to unsigned int4)",
+    ("bf16", "gfx90a"): "the emulator decodes gfx942's opcode map, in which v_mfma_f32_16x16x16bf16_1k is another instruction",
 }
 
 
@@ -95,6 +102,8 @@ def check_ocp_is_twice_fnuz(bits):
 
 def symbol(module, scales, bias):
     b = "_bias" if bias else ""
+    if module == "gemm_a16w8":
+        return f"gemm_a16w8_blockscale_{scales[len('a16w8_'):]}_nt{b}_bf16"
     if scales.startswith("batched"):
         return f"batched_{module}_nt_bf16" if module == "gemm_a8w8" else f"batched_{module}_nt_per_token_bf16"
     if module == "gemm_a8w8":
@@ -109,6 +118,8 @@ def check(np, run_asm, co, meta, kernels, module, target, case, rng):
     Scales "batched" and "batched_shared": two per-token products, the matrices 16 elements
     apart, or B shared (stride 0); their scales dense per product, C's rows m * ldc apart."""
     scales, bias, m, n, k, (pa, pb, pc) = case
+    if module == "gemm_a16w8":
+        return check_weight_only(np, run_asm, co, meta, kernels, target, case, rng)
     element = "i8" if module == "gemm_a8w8" else module[len("gemm_"):]
     lda, ldb, ldc = k + pa, k + pb, n + pc
     batch = 2 if scales.startswith("batched") else 1
@@ -203,8 +214,69 @@ def check(np, run_asm, co, meta, kernels, module, target, case, rng):
     return ok, worst, label
 
 
+def check_weight_only(np, run_asm, co, meta, kernels, target, case, rng):
+    """A weight-only case: scales "a16w8_<format>", A bf16, B in that FP8 format, b_scale per
+    128 x 128 block of B; as check() otherwise."""
+    scales, bias, m, n, k, (pa, pb, pc) = case
+    element = "fp8_" + scales[len("a16w8_"):]
+    lda, ldb, ldc = k + pa, k + pb, n + pc
+    count_a, count_b = (m - 1) * lda + k, (n - 1) * ldb + k
+    a_bits, a_vals = to_bits(np, rng.uniform(-1, 1, count_a) * 2.0 ** rng.integers(-6, 8, count_a), "bf16")
+    b_bits, b_vals = element_bits(np, rng, count_b, element)
+    a = Buffer(np, count_a, np.uint16, POISON16)
+    b = Buffer(np, count_b, np.uint8, 0)
+    a.view[:], b.view[:] = a_bits, b_bits
+    groups = -(-k // 128)
+    b_scale_vals = rng.uniform(0.5, 2, -(-n // 128) * groups).astype(np.float32)
+    # gfx942 widens FNUZ with its conversion instruction, which the emulator reads as OCP.
+    corrected = element == "fp8_e4m3fnuz" and target == "gfx942"
+    if corrected:
+        check_ocp_is_twice_fnuz(b_bits)
+    b_scale = Buffer(np, b_scale_vals.size, np.float32, np.nan)
+    b_scale.view[:] = b_scale_vals / 2 if corrected else b_scale_vals
+    c = Buffer(np, (m - 1) * ldc + n, np.uint16, POISON16)
+    av = np.stack([a_vals[i * lda:i * lda + k] for i in range(m)])
+    bv = np.stack([b_vals[j * ldb:j * ldb + k] for j in range(n)])
+    b_s = np.repeat(b_scale_vals.astype(np.float64).reshape(-1, groups), 128, axis=0)[:n]
+    want, spread2, magnitude = np.zeros((m, n)), np.zeros((m, n)), np.zeros((m, n))
+    for g in range(groups):
+        ks = slice(g * 128, min(k, g * 128 + 128))
+        part = (av[:, ks] @ bv[:, ks].T) * b_s[:, g]
+        want += part
+        magnitude += np.abs(part)
+        spread2 += ((av[:, ks] ** 2) @ (bv[:, ks] ** 2).T) * b_s[:, g] ** 2
+    pointers = [(c.address, "bf16", c.n), (a.address, "bf16", a.n), (b.address, element, b.n),
+                (b_scale.address, "f32", b_scale.n)]
+    if bias:
+        bias_bits, bias_vals = to_bits(np, rng.uniform(-4, 4, n), "bf16")
+        bias_buf = Buffer(np, n, np.uint16, POISON16)
+        bias_buf.view[:] = bias_bits
+        pointers.append((bias_buf.address, "bf16", n))
+        want = want + bias_vals
+    name = symbol("gemm_a16w8", scales, bias)
+    scalars = [m, n, k, lda, ldb, ldc]
+    grid, block = gemm_emu.launch_shape(kernels, name, pointers, scalars, 1)
+    launch(run_asm, co, meta, name, grid, block, [p[0] for p in pointers] + scalars)
+    got = from_bits(np, np.stack([c.view[i * ldc:i * ldc + n] for i in range(m)]), "bf16")
+    # As the block scales' bound in check(): f32 sums, a rounding of the total per group.
+    bound = (2.0 ** -8 * np.abs(want) + k * 2.0 ** -22 * np.sqrt(spread2)
+             + (groups + 3) * 2.0 ** -24 * magnitude + 2.0 ** -130)
+    err = np.abs(got - want)
+    ok = bool((err <= bound).all())
+    worst = float(np.max(err / bound)) if not np.isnan(err).any() else math.inf
+    gaps = [c.view[i * ldc + n:(i + 1) * ldc] for i in range(m - 1)]
+    ok &= all(bool((g == POISON16).all()) for g in gaps) and c.guards_intact(POISON16)
+    label = f"{name} m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc}" + (" corrected" if corrected else "")
+    return ok, worst, label
+
+
 def cases(module):
-    schemes = ["per_token"] if module == "gemm_a8w8" else ["per_tensor", "per_token", "blockscale"]
+    if module == "gemm_a16w8":
+        schemes = ["a16w8_e4m3fn", "a16w8_e4m3fnuz"]
+    elif module == "gemm_a8w8":
+        schemes = ["per_token"]
+    else:
+        schemes = ["per_tensor", "per_token", "blockscale"]
     out = []
     for scales in schemes:
         out += [
@@ -212,6 +284,8 @@ def cases(module):
             (scales, True, 130, 129, 96, (16, 0, 3)),   # 2 x 2 blocks, aligned rows, a K tail
             (scales, True, 1, 17, 200, (0, 8, 0)),      # M = 1; rows of B unaligned
         ]
+    if module == "gemm_a16w8":
+        return out
     # Batched: aligned matrices over 2 x 2 blocks; unaligned rows with one B for both products.
     out += [
         ("batched", False, 130, 129, 96, (16, 0, 3)),
@@ -241,7 +315,7 @@ def main():
     if len(sys.argv) != 4:
         sys.exit(__doc__)
     bundle, module, targets = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
-    element = "i8" if module == "gemm_a8w8" else "fp8"
+    element = {"gemm_a8w8": "i8", "gemm_a16w8": "bf16"}.get(module, "fp8")
     seed = int.from_bytes(os.urandom(4), "little")
     rng = np.random.default_rng(seed)
     print(f"gemm_q8_emu: {module}, seed {seed}")
@@ -260,7 +334,7 @@ def main():
                 try:
                     ok, worst, label = check(np, run_asm, co, meta, kernels, module, target, case, rng)
                     outcome = f"{'passed' if ok else 'failed'}, worst {worst:.3g} of the bound"
-                except RuntimeError as error:  # the emulator's own
+                except (RuntimeError, ValueError) as error:  # the emulator's own (compile, decode)
                     outcome = f"emulator error: {str(error)[:120]}"
                 print(f"NOT COUNTED {target} {symbol(module, case[0], case[1])}: {reason}; this run {outcome}", flush=True)
                 continue
