@@ -123,7 +123,8 @@ def q8_gemm_case(kernel: str, generator: torch.Generator) -> Case:
     per_token}[_bias]_bf16`, `gemm_fp8_blockscale_<format>_nt[_bias]_bf16`, and batched
     `batched_gemm_a8w8_nt_bf16`, `batched_gemm_fp8_<format>_nt_per_token_bf16`): C = (A·Bᵀ) ·
     a_scale · b_scale (+ bias) in bf16 (block scales: per 128-deep group; batched: per product),
-    against float64 from the same 8-bit values and scales."""
+    against float64 from the same 8-bit values and scales. Weight-only
+    (`gemm_a16w8_blockscale_<format>_nt[_bias]_bf16`): A in bf16, no a_scale."""
     m, n, k = 37, 170, 300
     words = kernel.split("_")
 
@@ -155,6 +156,7 @@ def q8_gemm_case(kernel: str, generator: torch.Generator) -> Case:
         args = [c, a, b, a_scale, b_scale, m, n, k, k, k, n, batch] + strides
         return Case(kernel, args, lambda: close(c, batched_want(), "bf16", kernel))
 
+    weight_only = kernel.startswith("gemm_a16w8")
     if kernel.startswith("gemm_a8w8"):
         a = uniform(m, k, low=-127, high=127).round().to(torch.int8)
         b = uniform(n, k, low=-127, high=127).round().to(torch.int8)
@@ -163,8 +165,11 @@ def q8_gemm_case(kernel: str, generator: torch.Generator) -> Case:
         dtype = FP8[fp8_format(kernel)]
         a, b = uniform(m, k, low=-200, high=200).to(dtype), uniform(n, k, low=-200, high=200).to(dtype)
         groups = -(-k // 128)
+        if weight_only:  # A in bf16 and unscaled
+            a, a_scale = uniform(m, k, low=-4, high=4).to(torch.bfloat16), torch.ones(m, groups, device="cuda")
         if "blockscale" in kernel:  # per 1x128 group of A's rows, per 128x128 block of B
-            a_scale = uniform(m, groups, low=0.001, high=0.01).float()
+            if not weight_only:
+                a_scale = uniform(m, groups, low=0.001, high=0.01).float()
             b_scale = uniform(-(-n // 128), groups, low=0.001, high=0.01).float()
         else:
             rows = (m, n) if "per_token" in kernel else (1, 1)
@@ -184,7 +189,8 @@ def q8_gemm_case(kernel: str, generator: torch.Generator) -> Case:
             product = (a64 @ b64.t()) * a_scale.double()[:, None] * b_scale.double()[None, :]
         return product + (bias.double() if bias is not None else 0)
 
-    args = [c, a, b, a_scale, b_scale] + ([bias] if bias is not None else []) + [m, n, k, k, k, n]
+    scales = [b_scale] if weight_only else [a_scale, b_scale]
+    args = [c, a, b] + scales + ([bias] if bias is not None else []) + [m, n, k, k, k, n]
     return Case(kernel, args, lambda: close(c, want(), "bf16", kernel))
 
 
@@ -290,7 +296,7 @@ def fp8_case(kernel: str, generator: torch.Generator) -> Case:
 
 def case(kernel: str, generator: torch.Generator) -> Case:
     """A call of `kernel` on fresh random inputs, with the float64 torch reference."""
-    if kernel.startswith(("gemm_a8w8", "gemm_fp8", "batched_gemm_a8w8", "batched_gemm_fp8")):
+    if kernel.startswith(("gemm_a8w8", "gemm_a16w8", "gemm_fp8", "batched_gemm_a8w8", "batched_gemm_fp8")):
         return q8_gemm_case(kernel, generator)
     if "gemm" in kernel:
         return gemm_case(kernel, generator)
