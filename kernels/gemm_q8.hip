@@ -219,38 +219,38 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
     vector = vector && gb.vector_rows();
 #if HK_NVIDIA
   if constexpr (!kWiden) {
-  if (vector) {
-    constexpr unsigned kStages = Tl::kStages;
-    const auto copy = [&](unsigned s) HK_INLINE {
-      Stage& to = stage[s % kStages];
-      hk::tile::copy_async<Tl::kThreads>(to.a, ga, row0, s * Tl::kTileK, thread);
-      hk::tile::copy_async<Tl::kThreads>(to.b, gb, col0, s * Tl::kTileK, thread);
-    };
+    if (vector) {
+      constexpr unsigned kStages = Tl::kStages;
+      const auto copy = [&](unsigned s) HK_INLINE {
+        Stage& to = stage[s % kStages];
+        hk::tile::copy_async<Tl::kThreads>(to.a, ga, row0, s * Tl::kTileK, thread);
+        hk::tile::copy_async<Tl::kThreads>(to.b, gb, col0, s * Tl::kTileK, thread);
+      };
 #pragma unroll
-    for (unsigned s = 0; s + 1 < kStages; ++s) {
-      if (s < steps) copy(s);
-      hk::tile::async_commit();
+      for (unsigned s = 0; s + 1 < kStages; ++s) {
+        if (s < steps) copy(s);
+        hk::tile::async_commit();
+      }
+      for (unsigned s = 0; s < steps; ++s) {
+        // Step s's copies are done, and after the barrier every wave has finished step s - 1,
+        // whose stage the next copy reuses.
+        hk::tile::async_wait<kStages - 2>();
+        hk::block_sync();
+        if (s + kStages - 1 < steps) copy(s + kStages - 1);
+        hk::tile::async_commit();
+        multiply(stage[s % kStages], s);
+      }
+    } else {
+      // Unaligned rows, the slow path: element by element, no overlap, so that nothing staged
+      // adds to the registers the multiply needs (staging through registers spilled here).
+      for (unsigned s = 0; s < steps; ++s) {
+        hk::tile::copy_elements<Tl::kThreads>(stage[0].a, ga, row0, s * Tl::kTileK, thread);
+        hk::tile::copy_elements<Tl::kThreads>(stage[0].b, gb, col0, s * Tl::kTileK, thread);
+        hk::block_sync();
+        multiply(stage[0], s);
+        hk::block_sync();
+      }
     }
-    for (unsigned s = 0; s < steps; ++s) {
-      // Step s's copies are done, and after the barrier every wave has finished step s - 1,
-      // whose stage the next copy reuses.
-      hk::tile::async_wait<kStages - 2>();
-      hk::block_sync();
-      if (s + kStages - 1 < steps) copy(s + kStages - 1);
-      hk::tile::async_commit();
-      multiply(stage[s % kStages], s);
-    }
-  } else {
-    // Unaligned rows, the slow path: element by element, no overlap, so that nothing staged
-    // adds to the registers the multiply needs (staging through registers spilled here).
-    for (unsigned s = 0; s < steps; ++s) {
-      hk::tile::copy_elements<Tl::kThreads>(stage[0].a, ga, row0, s * Tl::kTileK, thread);
-      hk::tile::copy_elements<Tl::kThreads>(stage[0].b, gb, col0, s * Tl::kTileK, thread);
-      hk::block_sync();
-      multiply(stage[0], s);
-      hk::block_sync();
-    }
-  }
   } else
 #endif
   {
