@@ -91,10 +91,6 @@ using Skinny = Tiling<16, 64, 128, 1, 4, 2>;
 // lane, as many as Square's one product), B blocks of 64 rows for each weight.
 using GatedTiling = Tiling<128, 64, 32, 2, 2, 3>;
 
-// Consecutive blocks walk kGroupM block rows of C column by column, so the B blocks they read
-// are shared through L2 by kGroupM blocks at once instead of streaming from memory per row.
-constexpr unsigned kGroupM = 8;
-
 // One step's A and B blocks in shared memory (B as stored; kProducts of them for a gated
 // GEMM, which multiplies A by two matrices).
 template <class Tl, typename T, BLayout kB, unsigned kProducts> struct Stage {
@@ -122,22 +118,6 @@ static_assert(Square::kDynamic &&
                   Square::kStages * sizeof(Stage<Square, hk::bf16, BLayout::kKN, 1>) == 65536,
               "Square's stages no longer match the `shared` of manifests/gemm.toml's contract");
 #endif
-
-struct BlockTile {
-  unsigned m, n;  // block row and column of C
-};
-
-// This block's tile of C, grouped as kGroupM says (grid x counts column tiles, y row tiles).
-HK_DEVICE BlockTile block_tile() {
-  const unsigned tiles_n = hk::grid_dim_x(), tiles_m = hk::grid_dim_y();
-  const unsigned long long id =
-      static_cast<unsigned long long>(hk::block_idx_y()) * tiles_n + hk::block_idx_x();
-  const unsigned long long per_group = static_cast<unsigned long long>(kGroupM) * tiles_n;
-  const unsigned first_m = static_cast<unsigned>(id / per_group) * kGroupM;
-  const unsigned group_m = tiles_m - first_m < kGroupM ? tiles_m - first_m : kGroupM;
-  const unsigned in_group = static_cast<unsigned>(id % per_group);
-  return {first_m + in_group % group_m, in_group / group_m};
-}
 
 // What the grid's z blocks do: nothing (z = 1), split K, or take one product of a batch each.
 enum class GridZ { kNone, kSplitK, kBatch };
@@ -203,7 +183,7 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
     if (first >= steps) return;  // the whole block: no barrier is skipped by part of it
   }
 
-  const BlockTile tile = block_tile();
+  const hk::tile::BlockTile tile = hk::tile::block_tile();
   const unsigned row0 = tile.m * Tl::kTileM, col0 = tile.n * Tl::kTileN;
   const unsigned thread = hk::thread_idx_x();
   const unsigned wave = hk::wave_id();

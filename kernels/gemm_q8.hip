@@ -119,25 +119,6 @@ struct BatchStrides {
   unsigned long long a, b, c;
 };
 
-// Consecutive blocks walk kGroupM block rows of C column by column, so that kGroupM blocks
-// share each B block through L2 (as gemm.hip's blocks do).
-constexpr unsigned kGroupM = 8;
-
-struct BlockTile {
-  unsigned m, n;
-};
-
-HK_DEVICE BlockTile block_tile() {
-  const unsigned tiles_n = hk::grid_dim_x(), tiles_m = hk::grid_dim_y();
-  const unsigned long long id =
-      static_cast<unsigned long long>(hk::block_idx_y()) * tiles_n + hk::block_idx_x();
-  const unsigned long long per_group = static_cast<unsigned long long>(kGroupM) * tiles_n;
-  const unsigned first_m = static_cast<unsigned>(id / per_group) * kGroupM;
-  const unsigned group_m = tiles_m - first_m < kGroupM ? tiles_m - first_m : kGroupM;
-  const unsigned in_group = static_cast<unsigned>(id % per_group);
-  return {first_m + in_group % group_m, in_group / group_m};
-}
-
 template <typename T, class Tl> struct Stage {
   hk::tile::SharedTile<T, Tl::kTileM, Tl::kTileK> a;
   hk::tile::SharedTile<T, Tl::kTileN, Tl::kTileK> b;
@@ -167,7 +148,7 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
   static_assert(Tl::kTileK % Atom::kK == 0, "a step is whole atoms deep");
 
   const unsigned steps = (k + Tl::kTileK - 1) / Tl::kTileK;
-  const BlockTile tile = block_tile();
+  const hk::tile::BlockTile tile = hk::tile::block_tile();
   const unsigned row0 = tile.m * Tl::kTileM, col0 = tile.n * Tl::kTileN;
   const unsigned thread = hk::thread_idx_x();
   const unsigned wave = hk::wave_id();

@@ -9,10 +9,12 @@
 //   hk/tile/mma_sync.h  NVIDIA mma.sync with ldmatrix (sm_80, sm_90)
 //   hk/tile/mfma8.h,    the same for 8-bit inputs (i8, FP8 E4M3)
 //   hk/tile/mma_sync8.h
+//   hk/tile/raster.h    block_tile(): which block of C a thread block computes, grouped for L2
 //   hk/tile/widen.h     WideningCopy: FP8 blocks widened to bf16 tiles on the way (weight-only)
 #pragma once
 
 #include "copy.h"
 #include "mma.h"
+#include "raster.h"
 #include "shared.h"
 #include "widen.h"
