@@ -74,9 +74,11 @@ constexpr bool grouped(Scales scales) {
 //
 // FP8 on the H100 (per token, M = 2048 and 8192 over four Llama-3 shapes, TF/s; torch._scaled_mm
 // 1164-1278 in the same run): this tiling 247-298; four waves of 64 x 64 in 4 dynamic stages
-// 304-354 (spills 21 registers); the same in 3 static stages 297-341 (spills 32); 128 deep in
+// 304-354 (spills 21 registers), 287-332 without spills once its k loop is kept rolled (this
+// tiling 246-293 in that run); the same in 3 static stages 297-341 (spills 32); 128 deep in
 // 3 dynamic stages 259-301 (spills 104); eight waves at two blocks an SM 281-312 (spills 7),
-// with the k loop kept rolled 285-325 (spills 3). mma.sync on E4M3 alone, register operands,
+// with the k loop kept rolled 285-325 (spills 3). None moves the ratio past 0.27, so none is
+// worth a second tiling and a contract per kernel. mma.sync on E4M3 alone, register operands,
 // peaks at 1261-1330 TF/s there, twice its bf16 rate, so the non-MMA work of a step (ldmatrix,
 // copies, barriers) weighs twice as much as in the bf16 GEMM, and a 128 x 128 block at 128
 // FLOP per byte of L2 traffic needs some 5 TB/s from L2 to pass 650. Reaching half of
