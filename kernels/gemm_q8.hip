@@ -77,13 +77,16 @@ constexpr bool grouped(Scales scales) {
 // 304-354 (spills 21 registers), 287-332 without spills once its k loop is kept rolled (this
 // tiling 246-293 in that run); the same in 3 static stages 297-341 (spills 32); 128 deep in
 // 3 dynamic stages 259-301 (spills 104); eight waves at two blocks an SM 281-312 (spills 7),
-// with the k loop kept rolled 285-325 (spills 3). None moves the ratio past 0.27, so none is
-// worth a second tiling and a contract per kernel. mma.sync on E4M3 alone, register operands,
-// peaks at 1261-1330 TF/s there, twice its bf16 rate, so the non-MMA work of a step (ldmatrix,
-// copies, barriers) weighs twice as much as in the bf16 GEMM, and a 128 x 128 block at 128
-// FLOP per byte of L2 traffic needs some 5 TB/s from L2 to pass 650. Reaching half of
-// _scaled_mm needs larger blocks than 255 registers a thread allow with mma.sync: wgmma
-// (operands from shared memory, sm_90a).
+// with the k loop kept rolled 285-325 (spills 3); 128 deep in 2 or 3 dynamic stages 244-282
+// (spills 40), rolled 262-302; 64 deep in 4 dynamic stages 285-324. None moves the ratio past
+// 0.27, so none is worth a second tiling and a contract per kernel. Where the time goes (this
+// tiling, same shapes): its copies alone (no multiply) run at the rate of 496-634 TF/s, its
+// multiply alone (ldmatrix and mma.sync from shared tiles, no copies) at 310-372, while
+// mma.sync on E4M3 alone, register operands, peaks at 976 TF/s with as many warps an SM (one
+// block) and 1261-1330 with more, twice its bf16 rate. So the limit is the shared-to-register
+// operand path feeding an instruction twice as fast as bf16's: larger wave tiles (fewer
+// ldmatrix per mma) need more than 255 registers a thread with mma.sync; wgmma reads its
+// operands from shared memory itself (sm_90a).
 constexpr unsigned kThreads = 2 * 4 * hk::kWaveSize;
 template <Scales kScales> struct Tiling {
   static constexpr unsigned kTileM = 128, kTileN = 128;
