@@ -324,19 +324,19 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
                                                ldb, ldc, {stride_a, stride_b, stride_c});       \
   }
 
-// The weight-only GEMM of one FP8 format: A bf16, B FP8, block scales for B alone.
-#define HK_A16W8(format)                                                                     \
-  HK_A16W8_ENTRY(gemm_a16w8_blockscale_##format##_nt_bf16, format, false, )                  \
-  HK_A16W8_ENTRY(gemm_a16w8_blockscale_##format##_nt_bias_bf16, format, true,                \
-                 const hk::bf16* bias, )
-#define HK_A16W8_ENTRY(name, format, kBias, ...)                                               \
-  HK_Q8_ENTRY(name)(hk::bf16 * c, const hk::bf16* a, const hk::fp8_##format* b,                 \
-                    const float* b_scale, __VA_ARGS__ HK_Q8_SIZES) {                            \
-    gemm_q8<hk::bf16, Scales::kWeightBlock, kBias, false, hk::fp8_##format>(                    \
-        c, a, b, nullptr, b_scale, HK_A16W8_BIAS_##kBias, m, n, k, lda, ldb, ldc);              \
+// The weight-only GEMMs of one FP8 format: A bf16, B FP8, block scales for B alone. HK_A16W8
+// pastes the format into the name before HK_A16W8_PAIR pastes onto it.
+#define HK_A16W8(format) HK_A16W8_PAIR(gemm_a16w8_blockscale_##format##_nt, hk::fp8_##format)
+#define HK_A16W8_PARAMS(TB) hk::bf16 *c, const hk::bf16 *a, const TB *b, const float *b_scale
+#define HK_A16W8_PAIR(name, TB)                                                             \
+  HK_Q8_ENTRY(name##_bf16)(HK_A16W8_PARAMS(TB), HK_Q8_SIZES) {                              \
+    gemm_q8<hk::bf16, Scales::kWeightBlock, false, false, TB>(c, a, b, nullptr, b_scale,    \
+                                                              nullptr, m, n, k, lda, ldb, ldc); \
+  }                                                                                         \
+  HK_Q8_ENTRY(name##_bias_bf16)(HK_A16W8_PARAMS(TB), const hk::bf16* bias, HK_Q8_SIZES) {   \
+    gemm_q8<hk::bf16, Scales::kWeightBlock, true, false, TB>(c, a, b, nullptr, b_scale, bias, \
+                                                             m, n, k, lda, ldb, ldc);       \
   }
-#define HK_A16W8_BIAS_false nullptr
-#define HK_A16W8_BIAS_true bias
 
 #if defined(HK_GEMM_A16W8)
 HK_A16W8(e4m3fn)
