@@ -415,6 +415,18 @@ mod tests {
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
+    /// What `case` expects of C (its first argument), packed rows of n.
+    fn expected_c(case: &Case) -> &[f64] {
+        let CaseArg::Output {
+            expect: Expect::StridedClose { want, .. },
+            ..
+        } = &case.args[0]
+        else {
+            panic!("c is a strided output")
+        };
+        want
+    }
+
     /// The data of `case`'s input argument `name`.
     fn input_data(case: &Case, name: &str) -> Vec<f64> {
         case.args
@@ -495,13 +507,7 @@ mod tests {
         let data = |name| input_data(&case, name);
         let (a, b, a_scale, b_scale) = (data("a"), data("b"), data("a_scale"), data("b_scale"));
         assert_eq!((a_scale.len(), b_scale.len()), (m * 2, 2 * 2));
-        let CaseArg::Output {
-            expect: Expect::StridedClose { want, .. },
-            ..
-        } = &case.args[0]
-        else {
-            panic!("c is a strided output")
-        };
+        let want = expected_c(&case);
         let (i, j) = (1, 129);
         let group =
             |g: std::ops::Range<usize>| g.map(|kk| a[i * k + kk] * b[j * k + kk]).sum::<f64>();
@@ -536,13 +542,7 @@ mod tests {
         assert_eq!(b_scale.len(), 2 * 2);
         // A is bf16: values that FNUZ E4M3 cannot hold (finer than 3 mantissa bits) occur.
         assert!(a.iter().any(|&x| round_to(ScalarType::Fp8E4m3fnuz, x) != x));
-        let CaseArg::Output {
-            expect: Expect::StridedClose { want, .. },
-            ..
-        } = &case.args[0]
-        else {
-            panic!("c is a strided output")
-        };
+        let want = expected_c(&case);
         let (i, j) = (1, 129);
         let group =
             |g: std::ops::Range<usize>| g.map(|kk| a[i * k + kk] * b[j * k + kk]).sum::<f64>();
@@ -577,13 +577,7 @@ mod tests {
             })
             .collect();
         assert_eq!(strides, [stride_a as u64, 0, (m * n) as u64]);
-        let CaseArg::Output {
-            expect: Expect::StridedClose { want, .. },
-            ..
-        } = &case.args[0]
-        else {
-            panic!("c is a strided output")
-        };
+        let want = expected_c(&case);
         let (p, i, j) = (1, 1, 2);
         let sum: f64 = (0..k)
             .map(|kk| a[p * stride_a + i * k + kk] * b[j * k + kk])
