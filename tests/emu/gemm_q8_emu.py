@@ -113,6 +113,30 @@ def symbol(module, scales, bias):
     return f"{module}_nt_{scales}{b}_bf16"
 
 
+def bias_buffer(np, rng, n):
+    """A random bf16 bias of n values: (its guarded buffer, the values it holds)."""
+    bits, values = to_bits(np, rng.uniform(-4, 4, n), "bf16")
+    buf = Buffer(np, n, np.uint16, POISON16)
+    buf.view[:] = bits
+    return buf, values
+
+
+def run_and_judge(np, run_asm, co, meta, kernels, name, pointers, scalars, c, shape, want, bound):
+    """Launches kernel `name` on `pointers` and `scalars` (the launch shape from its contract),
+    then judges C, `shape` = (rows, n, ldc), against `want` within `bound`: (ok, worst error
+    over the bound). ok also needs the gaps between C's rows and C's guards untouched."""
+    rows, n, ldc = shape
+    grid, block = gemm_emu.launch_shape(kernels, name, pointers, scalars, 1)
+    launch(run_asm, co, meta, name, grid, block, [p[0] for p in pointers] + scalars)
+    got = from_bits(np, np.stack([c.view[i * ldc:i * ldc + n] for i in range(rows)]), "bf16")
+    err = np.abs(got - want)
+    ok = bool((err <= bound).all())
+    worst = float(np.max(err / bound)) if not np.isnan(err).any() else math.inf
+    gaps = [c.view[i * ldc + n:(i + 1) * ldc] for i in range(rows - 1)]
+    ok &= all(bool((g == POISON16).all()) for g in gaps) and c.guards_intact(POISON16)
+    return ok, worst
+
+
 def check(np, run_asm, co, meta, kernels, module, target, case, rng):
     """One case: (scales, bias, m, n, k, (pad a, pad b, pad c)). Returns (ok, worst, label).
     Scales "batched" and "batched_shared": two per-token products, the matrices 16 elements
@@ -189,25 +213,16 @@ def check(np, run_asm, co, meta, kernels, module, target, case, rng):
     pointers = [(c.address, "bf16", c.n), (a.address, element, a.n), (b.address, element, b.n),
                 (a_scale.address, "f32", a_scale.n), (b_scale.address, "f32", b_scale.n)]
     if bias:
-        bias_bits, bias_vals = to_bits(np, rng.uniform(-4, 4, n), "bf16")
-        bias_buf = Buffer(np, n, np.uint16, POISON16)
-        bias_buf.view[:] = bias_bits
+        bias_buf, bias_vals = bias_buffer(np, rng, n)  # kept alive until the launch
         pointers.append((bias_buf.address, "bf16", n))
         want = want + bias_vals
     name = symbol(module, scales, bias)
     scalars = [m, n, k, lda, ldb, ldc] + ([batch, stride_a, stride_b, stride_c] if batch > 1 else [])
-    grid, block = gemm_emu.launch_shape(kernels, name, pointers, scalars, 1)
-    launch(run_asm, co, meta, name, grid, block, [p[0] for p in pointers] + scalars)
-    rows = batch * m
-    got = from_bits(np, np.stack([c.view[i * ldc:i * ldc + n] for i in range(rows)]), "bf16")
     # f32 sums (exact for int8), two f32 scalings and a bias add, then bf16's rounding.
     bound = (2.0 ** -8 * np.abs(want) + k * 2.0 ** -22 * spread * np.abs(scale)
              + rounding_terms * 2.0 ** -24 * np.abs(sums * scale) + 2.0 ** -130)
-    err = np.abs(got - want)
-    ok = bool((err <= bound).all())
-    worst = float(np.max(err / bound)) if not np.isnan(err).any() else math.inf
-    gaps = [c.view[i * ldc + n:(i + 1) * ldc] for i in range(rows - 1)]
-    ok &= all(bool((g == POISON16).all()) for g in gaps) and c.guards_intact(POISON16)
+    ok, worst = run_and_judge(np, run_asm, co, meta, kernels, name, pointers, scalars, c,
+                              (batch * m, n, ldc), want, bound)
     label = f"{name} m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc}" + (" corrected" if corrected else "")
     if batch > 1:
         label += f" batch={batch} strides={stride_a},{stride_b},{stride_c}"
@@ -248,24 +263,16 @@ def check_weight_only(np, run_asm, co, meta, kernels, target, case, rng):
     pointers = [(c.address, "bf16", c.n), (a.address, "bf16", a.n), (b.address, element, b.n),
                 (b_scale.address, "f32", b_scale.n)]
     if bias:
-        bias_bits, bias_vals = to_bits(np, rng.uniform(-4, 4, n), "bf16")
-        bias_buf = Buffer(np, n, np.uint16, POISON16)
-        bias_buf.view[:] = bias_bits
+        bias_buf, bias_vals = bias_buffer(np, rng, n)  # kept alive until the launch
         pointers.append((bias_buf.address, "bf16", n))
         want = want + bias_vals
     name = symbol("gemm_a16w8", scales, bias)
     scalars = [m, n, k, lda, ldb, ldc]
-    grid, block = gemm_emu.launch_shape(kernels, name, pointers, scalars, 1)
-    launch(run_asm, co, meta, name, grid, block, [p[0] for p in pointers] + scalars)
-    got = from_bits(np, np.stack([c.view[i * ldc:i * ldc + n] for i in range(m)]), "bf16")
     # As the block scales' bound in check(): f32 sums, a rounding of the total per group.
     bound = (2.0 ** -8 * np.abs(want) + k * 2.0 ** -22 * np.sqrt(spread2)
              + (groups + 3) * 2.0 ** -24 * magnitude + 2.0 ** -130)
-    err = np.abs(got - want)
-    ok = bool((err <= bound).all())
-    worst = float(np.max(err / bound)) if not np.isnan(err).any() else math.inf
-    gaps = [c.view[i * ldc + n:(i + 1) * ldc] for i in range(m - 1)]
-    ok &= all(bool((g == POISON16).all()) for g in gaps) and c.guards_intact(POISON16)
+    ok, worst = run_and_judge(np, run_asm, co, meta, kernels, name, pointers, scalars, c,
+                              (m, n, ldc), want, bound)
     label = f"{name} m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc}" + (" corrected" if corrected else "")
     return ok, worst, label
 
