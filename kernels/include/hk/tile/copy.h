@@ -54,6 +54,22 @@ template <class Tile, unsigned kThreads> struct Deal {
   static constexpr bool kRagged = kChunks % kThreads != 0;
   static HK_DEVICE bool skip(unsigned chunk) { return kRagged && chunk >= kChunks; }
 };
+
+// Calls f(i, chunk, src) for the i-th of the tile's chunks that `thread` copies from the block
+// of g at (row0, col0): the chunk's place and valid elements, and where it starts in g.
+template <class Tile, unsigned kThreads, typename T, typename F>
+HK_DEVICE void for_each_chunk(const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
+                              unsigned thread, F f) {
+  using Deal = detail::Deal<Tile, kThreads>;
+  const unsigned rows_left = left(g.rows, row0);
+  const unsigned cols_left = left(g.cols, col0);
+#pragma unroll
+  for (unsigned i = 0; i < Deal::kPerThread; ++i) {
+    if (Deal::skip(thread + i * kThreads)) break;
+    const ChunkAt<Tile> c(thread + i * kThreads, rows_left, cols_left);
+    f(i, c, g.row(row0 + c.row) + col0 + c.col);
+  }
+}
 }  // namespace detail
 
 #if HK_NVIDIA
@@ -93,47 +109,37 @@ template <int kPending> HK_DEVICE void async_wait() { __nvvm_cp_async_wait_group
 template <unsigned kThreads, class Tile, typename T>
 HK_DEVICE void copy_elements(Tile& s, const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
                              unsigned thread) {
-  using Deal = detail::Deal<Tile, kThreads>;
-  const unsigned rows_left = detail::left(g.rows, row0);
-  const unsigned cols_left = detail::left(g.cols, col0);
-#pragma unroll
-  for (unsigned i = 0; i < Deal::kPerThread; ++i) {
-    if (Deal::skip(thread + i * kThreads)) break;
-    const detail::ChunkAt<Tile> c(thread + i * kThreads, rows_left, cols_left);
-    const T* src = g.row(row0 + c.row) + col0 + c.col;
-    T* to = s.at(c.row, c.col);
-    // Not unrolled: unrolled, the compiler hoists every load of the block above the stores,
-    // a register each, which is what this copy is for avoiding.
+  detail::for_each_chunk<Tile, kThreads>(
+      g, row0, col0, thread, [&](unsigned, const detail::ChunkAt<Tile>& c, const T* src) HK_INLINE {
+        T* to = s.at(c.row, c.col);
+        // Not unrolled: unrolled, the compiler hoists every load of the block above the
+        // stores, a register each, which is what this copy is for avoiding.
 #pragma unroll 1
-    for (unsigned e = 0; e < Tile::kChunk; ++e) to[e] = e < c.valid ? src[e] : T(0);
-  }
+        for (unsigned e = 0; e < Tile::kChunk; ++e) to[e] = e < c.valid ? src[e] : T(0);
+      });
 }
 
 // A block copy through registers (see the header).
 template <class Tile, unsigned kThreads> struct StagedCopy {
   using Deal = detail::Deal<Tile, kThreads>;
   static constexpr unsigned kPerThread = Deal::kPerThread;
+  using Chunk = detail::ChunkAt<Tile>;
   u32x4 chunk[kPerThread];
 
   template <typename T>
   HK_DEVICE void fetch(const GlobalMatrix<T>& g, unsigned row0, unsigned col0, unsigned thread,
                        bool vector) {
-    const unsigned rows_left = detail::left(g.rows, row0);
-    const unsigned cols_left = detail::left(g.cols, col0);
+    detail::for_each_chunk<Tile, kThreads>(
+        g, row0, col0, thread, [&](unsigned i, const Chunk& c, const T* src) HK_INLINE {
+          if (vector && c.valid == Tile::kChunk) {
+            chunk[i] = *reinterpret_cast<const u32x4*>(src);
+          } else {
+            Vec16<T> v;
 #pragma unroll
-    for (unsigned i = 0; i < kPerThread; ++i) {
-      if (Deal::skip(thread + i * kThreads)) break;
-      const detail::ChunkAt<Tile> c(thread + i * kThreads, rows_left, cols_left);
-      const T* src = g.row(row0 + c.row) + col0 + c.col;
-      if (vector && c.valid == Tile::kChunk) {
-        chunk[i] = *reinterpret_cast<const u32x4*>(src);
-      } else {
-        Vec16<T> v;
-#pragma unroll
-        for (unsigned e = 0; e < Tile::kChunk; ++e) v.elem[e] = e < c.valid ? src[e] : T(0);
-        chunk[i] = __builtin_bit_cast(u32x4, v);
-      }
-    }
+            for (unsigned e = 0; e < Tile::kChunk; ++e) v.elem[e] = e < c.valid ? src[e] : T(0);
+            chunk[i] = __builtin_bit_cast(u32x4, v);
+          }
+        });
   }
 
   HK_DEVICE void store(Tile& s, unsigned thread) const {

@@ -20,6 +20,7 @@ template <class Tile, unsigned kThreads, typename S> struct WideningCopy {
   using Deal = detail::Deal<Tile, kThreads>;
   using T = typename Tile::Element;
   static constexpr unsigned kPerThread = Deal::kPerThread;
+  using Chunk = detail::ChunkAt<Tile>;
   Pack<S, 8> chunk[kPerThread];
 
   // Whether g's rows start 8-byte aligned, as fetch's vector loads need.
@@ -29,20 +30,17 @@ template <class Tile, unsigned kThreads, typename S> struct WideningCopy {
 
   HK_DEVICE void fetch(const GlobalMatrix<S>& g, unsigned row0, unsigned col0, unsigned thread,
                        bool vector) {
-    const unsigned rows_left = detail::left(g.rows, row0);
-    const unsigned cols_left = detail::left(g.cols, col0);
+    detail::for_each_chunk<Tile, kThreads>(
+        g, row0, col0, thread, [&](unsigned i, const Chunk& c, const S* src) HK_INLINE {
+          if (vector && c.valid == Tile::kChunk) {
+            chunk[i] = __builtin_bit_cast(Pack<S, 8>,
+                                          *reinterpret_cast<const unsigned long long*>(src));
+          } else {
 #pragma unroll
-    for (unsigned i = 0; i < kPerThread; ++i) {
-      if (Deal::skip(thread + i * kThreads)) break;
-      const detail::ChunkAt<Tile> c(thread + i * kThreads, rows_left, cols_left);
-      const S* src = g.row(row0 + c.row) + col0 + c.col;
-      if (vector && c.valid == Tile::kChunk) {
-        chunk[i] = __builtin_bit_cast(Pack<S, 8>, *reinterpret_cast<const unsigned long long*>(src));
-      } else {
-#pragma unroll
-        for (unsigned e = 0; e < Tile::kChunk; ++e) chunk[i].elem[e] = e < c.valid ? src[e] : S(0);
-      }
-    }
+            for (unsigned e = 0; e < Tile::kChunk; ++e)
+              chunk[i].elem[e] = e < c.valid ? src[e] : S(0);
+          }
+        });
   }
 
   HK_DEVICE void store(Tile& s, unsigned thread) const {
