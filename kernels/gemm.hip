@@ -100,17 +100,6 @@ template <class Tl, typename T, BLayout kB, unsigned kProducts> struct Stage {
   BTile b[kProducts];
 };
 
-// The block's kStages stages: static shared memory, or the launch's dynamic shared memory.
-template <class StageT, unsigned kStages, bool kDynamic> HK_DEVICE StageT* stages() {
-  if constexpr (kDynamic) {
-    extern __shared__ __attribute__((aligned(16))) unsigned char dynamic_shared[];
-    return reinterpret_cast<StageT*>(dynamic_shared);
-  } else {
-    __shared__ StageT stage[kStages];
-    return stage;
-  }
-}
-
 #if HK_NVIDIA
 // The contract (manifests/gemm.toml) gives Square's kernels this much dynamic shared memory.
 static_assert(Square::kDynamic &&
@@ -168,7 +157,7 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
     c += i * strides.c;
   }
   using StageT = Stage<Tl, T, kB, kProducts>;
-  StageT* const stage = stages<StageT, Tl::kStages, Tl::kDynamic>();
+  StageT* const stage = hk::tile::stages<StageT, Tl::kStages, Tl::kDynamic>();
   using Acc = hk::tile::Accumulators<T, Tl::kWaveRows / 16, Tl::kWaveCols / 16>;
   using Atom = typename Acc::Atom;
 

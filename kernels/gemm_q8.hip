@@ -34,12 +34,12 @@
 //     C[i][j] = bf16(Σ_g f32(Σ_{k in g} A[i][k] B[j][k]) · b_scale[j/128][g] (+ bias[j])),
 //     the dequantized weight B[j][k] · b_scale[j/128][g] applied group by group, exactly.
 //
-// Launch: the contracts in the manifests (eight waves a block of 128 x 128 of C, grid x over n,
-// y over m, z over a batch's products). The structure is gemm.hip's (see there): K in steps of
-// 64 bytes through shared tiles, zero-filled past the edges (so any M, N, K), NVIDIA overlapping kStages - 1 steps with
-// cp.async when rows are 16-byte aligned (pointers aligned, k and ld multiples of 16), every
-// other case staging the next step through registers, rows that are not aligned element by
-// element.
+// Launch: the contracts in the manifests (a block of 128 x 128 of C, its waves as Tiling says,
+// grid x over n, y over m, z over a batch's products). The structure is gemm.hip's (see there):
+// K in steps of 32 or 64 bytes through shared tiles, zero-filled past the edges (so any M, N,
+// K), NVIDIA overlapping kStages - 1 steps with cp.async when rows are 16-byte aligned
+// (pointers aligned, k and ld multiples of 16), every other case staging the next step through
+// registers, rows that are not aligned element by element.
 #include "hk/fp8.h"
 #include "hk/hk.h"
 #include "hk/tile/tile.h"
@@ -64,42 +64,42 @@ constexpr bool grouped(Scales scales) {
 }
 
 // 128 x 128 blocks of C, 64 elements (bytes) deep a step: the 16-bit Square's shape and bytes.
-// Eight waves of 64 x 32, 8 atoms of 16 x 16 each (four waves of 64 x 64, as Square, spilled
-// 12 to 128 bytes on sm_80 and sm_90). NVIDIA keeps 3 stages of 16 KiB (the 48 KiB of static
-// shared memory), AMD double-buffers through registers. Block scales keep a second set of
-// accumulators (the scaled total of the finished groups); with it sm_90 spilled 4 to 10
-// registers at 64 deep, and none at 32, so NVIDIA's block-scaled kernels step 32 deep.
-// Weight-only kernels multiply bf16: 32 elements are the same 64 bytes; they stage through
-// registers on every target (the widening happens there), in two stages.
+// NVIDIA copies with cp.async into shared stages. Per-tensor and per-token scales take four
+// waves of 64 x 64 (16 atoms of 16 x 16 each) in 4 stages of 16 KiB of dynamic shared memory
+// (their contracts' `shared`). Block scales keep a second set of accumulators (the scaled total
+// of the finished groups), which at 64 x 64 a wave spills 400 registers and more, so they take
+// eight waves of 64 x 32, 32 deep (at 64 deep sm_90 spilled 4 to 10 registers), in 3 static
+// stages. AMD takes eight waves of 64 x 32 for every scheme, double-buffered through registers
+// (not measured: no AMD GPU here). Weight-only kernels multiply bf16, so 32 elements are the same
+// 64 bytes; they stage through registers on every target (the widening happens there), in two
+// stages, eight waves.
 //
-// FP8 on the H100 (per token, M = 2048 and 8192 over four Llama-3 shapes, TF/s; torch._scaled_mm
-// 1164-1278 in the same run): this tiling 247-298; four waves of 64 x 64 in 4 dynamic stages
-// 304-354 (spills 21 registers), 287-332 without spills once its k loop is kept rolled (this
-// tiling 246-293 in that run); the same in 3 static stages 297-341 (spills 32); 128 deep in
-// 3 dynamic stages 259-301 (spills 104); eight waves at two blocks an SM 281-312 (spills 7),
-// with the k loop kept rolled 285-325 (spills 3); 128 deep in 2 or 3 dynamic stages 244-282
-// (spills 40), rolled 262-302; 64 deep in 4 dynamic stages 285-324. None moves the ratio past
-// 0.27, so none is worth a second tiling and a contract per kernel. Where the time goes (this
-// tiling, same shapes): its copies alone (no multiply) run at the rate of 496-634 TF/s, its
-// multiply alone (ldmatrix and mma.sync from shared tiles, no copies) at 310-372, while
-// mma.sync on E4M3 alone, register operands, peaks at 976 TF/s with as many warps an SM (one
-// block) and 1261-1330 with more, twice its bf16 rate. So the limit is the shared-to-register
-// operand path feeding an instruction twice as fast as bf16's: larger wave tiles (fewer
-// ldmatrix per mma) need more than 255 registers a thread with mma.sync; wgmma reads its
-// operands from shared memory itself (sm_90a).
-constexpr unsigned kThreads = 2 * 4 * hk::kWaveSize;
+// FP8 on the H100 (per token; M = 2048 and 8192 over scripts/gemm_q8_bench.py's six Llama-3
+// shapes; TF/s; torch._scaled_mm 1218-1392 in the same run): four waves of 64 x 64, 64 deep in
+// 4 stages, 370-450 (0.29-0.34 of the peer); eight waves of 64 x 32 in 3 stages (the tiling
+// before) 280-340; eight of 64 x 64 as 256 x 128 blocks, 128 deep in 2 stages, 357-452, and
+// 64 deep in 3, 320-393; four of 64 x 64 128 deep in 3 stages 366-418 (spills 40 bytes), 32
+// deep in 4 332-392; eight of 64 x 32 128 deep in 3 stages 307-376; eight of 32 x 64 274-324.
+// int8 in the same run of the bench: 550-812 TOP/s with four waves of 64 x 64, 0.65-0.82 of
+// torch._int_mm (eight waves of 64 x 32: 388-505). What limits FP8: sm_90 has no FP8 mma.sync
+// (hk/tile/mma_sync8.h), so E4M3 is multiplied by the f16 mma.sync, whose peak with register
+// operands alone is 582-637 TF/s on that H100 (E4M3 mma.sync as ptxas emulates it: 268-357):
+// half of what torch._scaled_mm reaches with wgmma, which needs sm_90a code.
 template <Scales kScales> struct Tiling {
   static constexpr unsigned kTileM = 128, kTileN = 128;
-  static constexpr unsigned kWavesM = 2, kWavesN = 4;
-  static constexpr unsigned kThreads = ::kThreads;
-  static_assert(kWavesM * kWavesN * hk::kWaveSize == kThreads, "eight waves a block");
-  static constexpr unsigned kWaveRows = kTileM / kWavesM, kWaveCols = kTileN / kWavesN;
 #if HK_AMD
+  static constexpr unsigned kWavesM = 2, kWavesN = 4;
   static constexpr unsigned kTileK = kScales == Scales::kWeightBlock ? 32 : 64, kStages = 2;
+  static constexpr bool kDynamic = false;
 #else
-  static constexpr unsigned kTileK = grouped(kScales) ? 32 : 64;
-  static constexpr unsigned kStages = kScales == Scales::kWeightBlock ? 2 : 3;
+  static constexpr bool kSquare = !grouped(kScales);  // four waves of 64 x 64
+  static constexpr unsigned kWavesM = 2, kWavesN = kSquare ? 2 : 4;
+  static constexpr unsigned kTileK = kSquare ? 64 : 32;
+  static constexpr unsigned kStages = kSquare ? 4 : kScales == Scales::kWeightBlock ? 2 : 3;
+  static constexpr bool kDynamic = kSquare;
 #endif
+  static constexpr unsigned kThreads = kWavesM * kWavesN * hk::kWaveSize;
+  static constexpr unsigned kWaveRows = kTileM / kWavesM, kWaveCols = kTileN / kWavesN;
 };
 
 // The depth and width of a block scale's group (DeepSeek-V3's 1 x 128 and 128 x 128). A block
@@ -129,6 +129,17 @@ template <typename T, class Tl> struct Stage {
   hk::tile::SharedTile<T, Tl::kTileN, Tl::kTileK> b;
 };
 
+#if HK_NVIDIA
+// The contracts (manifests/gemm_a8w8.toml, gemm_fp8_e4m3fn.toml) give the per-tensor and
+// per-token kernels this much dynamic shared memory.
+template <typename T, Scales kScales> constexpr bool kSharedAsContracted =
+    Tiling<kScales>::kDynamic &&
+    Tiling<kScales>::kStages * sizeof(Stage<T, Tiling<kScales>>) == 65536;
+static_assert(kSharedAsContracted<hk::i8, Scales::kPerToken> &&
+                  kSharedAsContracted<hk::i8, Scales::kPerTensor>,
+              "the stages no longer match the `shared` of the 8-bit GEMMs' contracts");
+#endif
+
 // kBatch: the grid's z takes one product of a batch each (strides); otherwise z is 1. T is A's
 // element type and the one multiplied; TB is B's as stored (T, but for weight-only kernels).
 template <typename T, Scales kScales, bool kBias, bool kBatch = false, typename TB = T>
@@ -147,7 +158,7 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
   }
   using Tl = Tiling<kScales>;
   using Stage = ::Stage<T, Tl>;
-  __shared__ Stage stage[Tl::kStages];
+  Stage* const stage = hk::tile::stages<Stage, Tl::kStages, Tl::kDynamic>();
   using Acc = hk::tile::Accumulators<T, Tl::kWaveRows / 16, Tl::kWaveCols / 16>;
   using Atom = typename Acc::Atom;
   static_assert(Tl::kTileK % Atom::kK == 0, "a step is whole atoms deep");
@@ -297,45 +308,48 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
 
 }  // namespace
 
-// One block per SM / CU at least: asking for two (128 registers a thread on NVIDIA) spilled 8
-// to 64 bytes on sm_90 (the FP8 kernels most), which the module's no_spills refuses.
-#define HK_Q8_ENTRY(name) \
-  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kThreads, 1) void name
+// One block per SM / CU at least: asking for two of eight waves (128 registers a thread on
+// NVIDIA) spilled 8 to 64 bytes on sm_90 (the FP8 kernels most), which the module's no_spills
+// refuses.
+#define HK_Q8_ENTRY(name, kScales) \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Tiling<kScales>::kThreads, 1) void name
 #define HK_Q8_SIZES unsigned m, unsigned n, unsigned k, unsigned lda, unsigned ldb, unsigned ldc
 #define HK_Q8_PARAMS(T) \
   hk::bf16 *c, const T *a, const T *b, const float *a_scale, const float *b_scale
 // HK_Q8 expands its arguments before HK_Q8_PAIR pastes onto the name.
 #define HK_Q8(name, T, kScales) HK_Q8_PAIR(name, T, kScales)
-#define HK_Q8_PAIR(name, T, kScales)                                                        \
-  HK_Q8_ENTRY(name##_bf16)(HK_Q8_PARAMS(T), HK_Q8_SIZES) {                                  \
-    gemm_q8<T, kScales, false>(c, a, b, a_scale, b_scale, nullptr, m, n, k, lda, ldb, ldc); \
-  }                                                                                         \
-  HK_Q8_ENTRY(name##_bias_bf16)(HK_Q8_PARAMS(T), const hk::bf16* bias, HK_Q8_SIZES) {       \
-    gemm_q8<T, kScales, true>(c, a, b, a_scale, b_scale, bias, m, n, k, lda, ldb, ldc);     \
+#define HK_Q8_PAIR(name, T, kScales)                                                           \
+  HK_Q8_ENTRY(name##_bf16, kScales)(HK_Q8_PARAMS(T), HK_Q8_SIZES) {                            \
+    gemm_q8<T, kScales, false>(c, a, b, a_scale, b_scale, nullptr, m, n, k, lda, ldb, ldc);    \
+  }                                                                                            \
+  HK_Q8_ENTRY(name##_bias_bf16, kScales)(HK_Q8_PARAMS(T), const hk::bf16* bias, HK_Q8_SIZES) { \
+    gemm_q8<T, kScales, true>(c, a, b, a_scale, b_scale, bias, m, n, k, lda, ldb, ldc);        \
   }
 
 // The batched per-token GEMM: the batch's size is the grid's z.
-#define HK_Q8_BATCHED(name, T)                                                                  \
-  HK_Q8_ENTRY(name##_bf16)(HK_Q8_PARAMS(T), HK_Q8_SIZES, unsigned batch,                        \
-                           unsigned long long stride_a, unsigned long long stride_b,            \
-                           unsigned long long stride_c) {                                       \
-    (void)batch; /* the grid's z */                                                             \
+#define HK_Q8_BATCHED(name, T)                                                                   \
+  HK_Q8_ENTRY(name##_bf16, Scales::kPerToken)(HK_Q8_PARAMS(T), HK_Q8_SIZES, unsigned batch,      \
+                                              unsigned long long stride_a,                       \
+                                              unsigned long long stride_b,                       \
+                                              unsigned long long stride_c) {                     \
+    (void)batch; /* the grid's z */                                                              \
     gemm_q8<T, Scales::kPerToken, false, true>(c, a, b, a_scale, b_scale, nullptr, m, n, k, lda, \
-                                               ldb, ldc, {stride_a, stride_b, stride_c});       \
+                                               ldb, ldc, {stride_a, stride_b, stride_c});        \
   }
 
 // The weight-only GEMMs of one FP8 format: A bf16, B FP8, block scales for B alone. HK_A16W8
 // pastes the format into the name before HK_A16W8_PAIR pastes onto it.
 #define HK_A16W8(format) HK_A16W8_PAIR(gemm_a16w8_blockscale_##format##_nt, hk::fp8_##format)
 #define HK_A16W8_PARAMS(TB) hk::bf16 *c, const hk::bf16 *a, const TB *b, const float *b_scale
-#define HK_A16W8_PAIR(name, TB)                                                             \
-  HK_Q8_ENTRY(name##_bf16)(HK_A16W8_PARAMS(TB), HK_Q8_SIZES) {                              \
-    gemm_q8<hk::bf16, Scales::kWeightBlock, false, false, TB>(c, a, b, nullptr, b_scale,    \
-                                                              nullptr, m, n, k, lda, ldb, ldc); \
-  }                                                                                         \
-  HK_Q8_ENTRY(name##_bias_bf16)(HK_A16W8_PARAMS(TB), const hk::bf16* bias, HK_Q8_SIZES) {   \
-    gemm_q8<hk::bf16, Scales::kWeightBlock, true, false, TB>(c, a, b, nullptr, b_scale, bias, \
-                                                             m, n, k, lda, ldb, ldc);       \
+#define HK_A16W8_PAIR(name, TB)                                                                  \
+  HK_Q8_ENTRY(name##_bf16, Scales::kWeightBlock)(HK_A16W8_PARAMS(TB), HK_Q8_SIZES) {             \
+    gemm_q8<hk::bf16, Scales::kWeightBlock, false, false, TB>(c, a, b, nullptr, b_scale,         \
+                                                              nullptr, m, n, k, lda, ldb, ldc);  \
+  }                                                                                              \
+  HK_Q8_ENTRY(name##_bias_bf16, Scales::kWeightBlock)(HK_A16W8_PARAMS(TB), const hk::bf16* bias, \
+                                                      HK_Q8_SIZES) {                             \
+    gemm_q8<hk::bf16, Scales::kWeightBlock, true, false, TB>(c, a, b, nullptr, b_scale, bias,    \
+                                                             m, n, k, lda, ldb, ldc);            \
   }
 
 #if defined(HK_GEMM_A16W8)
@@ -346,10 +360,10 @@ HK_Q8(gemm_a8w8_nt, hk::i8, Scales::kPerToken)
 HK_Q8_BATCHED(batched_gemm_a8w8_nt, hk::i8)
 #elif defined(HK_GEMM_FP8)
 #define HK_Q8_FP8_NAME(format, scheme) gemm_fp8_##format##_nt_##scheme
-#define HK_Q8_FP8(format)                                                             \
+#define HK_Q8_FP8(format)                                                         \
   HK_Q8(HK_Q8_FP8_NAME(format, per_tensor), hk::fp8_##format, Scales::kPerTensor) \
-  HK_Q8(HK_Q8_FP8_NAME(format, per_token), hk::fp8_##format, Scales::kPerToken)        \
-  HK_Q8(gemm_fp8_blockscale_##format##_nt, hk::fp8_##format, Scales::kBlock)        \
+  HK_Q8(HK_Q8_FP8_NAME(format, per_token), hk::fp8_##format, Scales::kPerToken)   \
+  HK_Q8(gemm_fp8_blockscale_##format##_nt, hk::fp8_##format, Scales::kBlock)      \
   HK_Q8_BATCHED(batched_gemm_fp8_##format##_nt_per_token, hk::fp8_##format)
 #define HK_Q8_FP8_EXPAND(format) HK_Q8_FP8(format)
 HK_Q8_FP8_EXPAND(HK_GEMM_FP8)

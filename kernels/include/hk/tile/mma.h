@@ -7,7 +7,8 @@
 //   hk/tile/mfma.h      AMD CDNA MFMA (gfx90a, gfx942: k = 16; gfx950: k = 32)
 //   hk/tile/mma_sync.h  NVIDIA mma.sync m16n8k16 with ldmatrix (sm_80, sm_90)
 //   hk/tile/mfma8.h     AMD CDNA MFMA of 8-bit inputs (i8 everywhere; E4M3 on gfx942, gfx950)
-//   hk/tile/mma_sync8.h NVIDIA mma.sync m16n8k32 (i8 on sm_80 and sm_90; E4M3 on sm_89+)
+//   hk/tile/mma_sync8.h NVIDIA 8-bit: i8 mma.sync m16n8k32 (sm_80, sm_90); E4M3 widened to f16
+//                       for m16n8k16 (sm_89+: sm_90 has no FP8 mma.sync)
 // each defining MmaAtom<T> (T = bf16 or f16; i8 or an FP8 format in the 8-bit files) with the
 // same members: kM = kN = 16, kK, the operand fragments A, B and the accumulator C (kSize f32
 // per lane, i32 for i8), load_a / load_b_nk (and for 16-bit load_b_kn) from a SharedTile, mma,

@@ -65,11 +65,19 @@ HK_DEVICE void mma_m16n8k16(float* d, const unsigned (&a)[4], unsigned b0, unsig
 }
 }  // namespace detail
 
-template <typename T> struct MmaAtom {
+// Where accumulator element v of the calling lane sits in a 16x16 block (two 8-column halves
+// of four each): m16n8k16's C layout, and m16n8k32's (hk/tile/mma_sync8.h). Elements 2i and
+// 2i + 1 are neighbours in one row.
+struct AccumulatorLayout {
+  static HK_DEVICE unsigned row(unsigned v) { return lane_id() / 4 + 8 * (v / 2 % 2); }
+  static HK_DEVICE unsigned col(unsigned v) { return 8 * (v / 4) + 2 * (lane_id() % 4) + v % 2; }
+};
+
+template <typename T> struct MmaAtom : AccumulatorLayout {
   // The 8-bit atoms are specializations (hk/tile/mma_sync8.h); an 8-bit type that reaches this
   // one has no instruction here.
   static_assert(sizeof(T) == 2,
-                "no mma.sync of this target multiplies this element type: FP8 mma.sync reads "
+                "no mma.sync of this target multiplies this element type: the FP8 atom takes "
                 "fp8_e4m3fn only, on sm_89 and later (hk/tile/mma_sync8.h)");
   static constexpr unsigned kM = 16, kN = 16, kK = 16;
   struct A { unsigned r[4]; };
@@ -110,11 +118,6 @@ template <typename T> struct MmaAtom {
     detail::mma_m16n8k16<T>(c.v, a.r, b.r[0], b.r[1]);
     detail::mma_m16n8k16<T>(c.v + 4, a.r, b.r[2], b.r[3]);
   }
-
-  // Where accumulator element v of this lane sits in the 16x16 block. Elements 2i and 2i + 1
-  // are neighbours in one row.
-  static HK_DEVICE unsigned row(unsigned v) { return lane_id() / 4 + 8 * (v / 2 % 2); }
-  static HK_DEVICE unsigned col(unsigned v) { return 8 * (v / 4) + 2 * (lane_id() % 4) + v % 2; }
 };
 
 }  // namespace hk::tile

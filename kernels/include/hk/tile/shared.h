@@ -45,4 +45,17 @@ template <typename T, unsigned kRows_, unsigned kCols_> struct SharedTile {
   HK_DEVICE const T* at(unsigned row, unsigned col) const { return data + index(row, col); }
 };
 
+// A block's kStages pipeline stages (each a struct of shared tiles): static shared memory
+// (48 KiB at most on NVIDIA), or, when kDynamic, the launch's dynamic shared memory, whose size
+// the kernel's contract gives.
+template <class StageT, unsigned kStages, bool kDynamic> HK_DEVICE StageT* stages() {
+  if constexpr (kDynamic) {
+    extern __shared__ __attribute__((aligned(16))) unsigned char dynamic_shared[];
+    return reinterpret_cast<StageT*>(dynamic_shared);
+  } else {
+    __shared__ StageT stage[kStages];
+    return stage;
+  }
+}
+
 }  // namespace hk::tile
