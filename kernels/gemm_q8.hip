@@ -301,7 +301,11 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
       else if constexpr (kScales == Scales::kPerToken)
         x = x * a_scale[row] * b_scale[column];
       if constexpr (kBias) x += hk::to_float(bias[column]);
-      c[static_cast<unsigned long long>(row) * ldc + column] = hk::from_float<hk::bf16>(x);
+      // Addressed from the wave's corner of the row, so that a lane's columns are constant
+      // offsets there: addressed from c, ptxas kept every element's address and bounds test
+      // live at once and spilled on sm_80.
+      hk::bf16* const line = c + static_cast<unsigned long long>(row) * ldc + col0 + wave_col;
+      line[col] = hk::from_float<hk::bf16>(x);
     }
   });
 }

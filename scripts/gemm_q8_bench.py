@@ -6,11 +6,15 @@ torch's own 8-bit matmuls, in one run.
     same scales: per tensor, or per row of A and per column of B; bf16 out)
   gemm_a8w8_nt_bf16 against torch._int_mm (int8 in, int32 out: the peer does no scaling, so it
     does a little less work than ours)
+  gemm_a16w8_blockscale_e4m3fn_nt_bf16 (bf16 activations, FP8 weights with 128 x 128 block
+    scales, widened in the kernel) against torch.matmul on the weights dequantized to bf16
+    beforehand (cuBLAS bf16: the peer reads twice the weight bytes but converts nothing)
 
 Called through hkload's Python package with their arguments alone, as a user does. Inputs are
-fresh random values quantized to each format with per-row (or per-tensor) scales; C starts as
-NaN. The check, for C[i][j] with K terms of exact 8-bit products summed in f32 (i32 for int8,
-exact), scaled and rounded once to bf16:
+fresh random values quantized to each format with per-row (or per-tensor, or for weights of
+the weight-only kernel per-block) scales; C starts as NaN. The check, for C[i][j] with K terms
+of exact products summed in f32 (i32 for int8, exact), scaled and rounded once to bf16 (for
+the weight-only kernel, b is the dequantized weight and s_i = t_j = 1):
     |got - ref| <= 2^-8 |ref| + K 2^-22 sqrt(sum_k (a_ik b_jk)^2) s_i t_j + 2^-133
 ref in float64 from the same quantized values and scales. Every C is checked at M = 16 and
 2048 (the f64 product at M = 8192 is slow; those are timed only).
@@ -37,6 +41,18 @@ def quantize(x: torch.Tensor, dtype, top: float):
     q = (x / scale[:, None]).clamp(-top, top)
     q = q.round().to(dtype) if dtype == torch.int8 else q.to(dtype)
     return q, scale
+
+
+def quantize_blocks(w: torch.Tensor):
+    """w [N][K] quantized to E4M3 with one f32 scale per 128 x 128 block (the last ones
+    partial): the codes, the scales [ceil(N/128)][ceil(K/128)], and each element's scale."""
+    n, k = w.shape
+    pad = torch.zeros(-(-n // 128) * 128, -(-k // 128) * 128, device=w.device)
+    pad[:n, :k] = w.abs()
+    amax = pad.reshape(pad.shape[0] // 128, 128, pad.shape[1] // 128, 128).amax(dim=(1, 3))
+    scale = (amax.float() / FP8_MAX).clamp(min=1e-12)
+    each = scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+    return (w / each).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale, each
 
 
 def timed(fn, reps=20):
@@ -77,12 +93,18 @@ def main() -> int:
     header = f"{'kernel':<10} {'M':>5} {'N':>6} {'K':>6} {'ours ms':>9} {'TF/s':>7} {'peer ms':>9} {'TF/s':>7} {'ratio':>6} {'worst':>6}"
     print(header)
     failed = 0
-    for kind in ("fp8 tensor", "fp8 token", "int8"):
+    for kind in ("fp8 tensor", "fp8 token", "int8", "a16w8"):
         for m in MS:
             for n, k in SHAPES:
                 x = torch.randn(m, k, device="cuda")
                 w = torch.randn(n, k, device="cuda")
-                if kind == "int8":
+                if kind == "a16w8":
+                    a = x.to(torch.bfloat16)
+                    b, b_scale, weight_scale = quantize_blocks(w)
+                    # The dequantized weight is exact in f64; the sums' scales are then 1.
+                    sa, sb = torch.ones(m, device="cuda"), torch.ones(n, device="cuda")
+                    name = "gemm_a16w8_blockscale_e4m3fn_nt_bf16"
+                elif kind == "int8":
                     a, sa = quantize(x, torch.int8, 127.0)
                     b, sb = quantize(w, torch.int8, 127.0)
                     name = "gemm_a8w8_nt_bf16"
@@ -98,9 +120,15 @@ def main() -> int:
                 c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
 
                 def ours():
-                    kernels.call(name, c, a, b, sa, sb, m, n, k, k, k, n)
+                    if kind == "a16w8":
+                        kernels.call(name, c, a, b, b_scale, m, n, k, k, k, n)
+                    else:
+                        kernels.call(name, c, a, b, sa, sb, m, n, k, k, k, n)
 
-                if kind == "int8":
+                if kind == "a16w8":
+                    dequantized = (b.float() * weight_scale).to(torch.bfloat16)
+                    peer = lambda: torch.matmul(a, dequantized.t())
+                elif kind == "int8":
                     # torch._int_mm wants m > 16 on CUDA.
                     peer = (lambda: torch._int_mm(a, b.t())) if m > 16 else None
                 elif kind == "fp8 token":
@@ -116,6 +144,8 @@ def main() -> int:
                         return scale.double().expand(count) if scale.numel() == 1 else scale.double()
 
                     values = (a.float().double(), b.float().double())
+                    if kind == "a16w8":
+                        values = (values[0], values[1] * weight_scale.double())
                     ratio = check(c, *values, full(sa, m), full(sb, n))
                     failed += ratio > 1.0
                     worst = f"{ratio:.3f}"
