@@ -63,6 +63,10 @@ constexpr bool grouped(Scales scales) {
   return scales == Scales::kBlock || scales == Scales::kWeightBlock;
 }
 
+// What the grid's z blocks do (as in gemm.hip): nothing (z = 1), take one product of a batch
+// each, or take a share of K's groups each and add their sums to an f32 C (weight-only decode).
+enum class GridZ { kNone, kBatch, kSplitK };
+
 // 128 x 128 blocks of C, 64 elements (bytes) deep a step: the 16-bit Square's shape and bytes.
 // NVIDIA copies with cp.async into shared stages. Per-tensor and per-token scales take four
 // waves of 64 x 64 (16 atoms of 16 x 16 each) in 4 stages of 16 KiB of dynamic shared memory
@@ -85,7 +89,8 @@ constexpr bool grouped(Scales scales) {
 // (hk/tile/mma_sync8.h), so E4M3 is multiplied by the f16 mma.sync, whose peak with register
 // operands alone is 582-637 TF/s on that H100 (E4M3 mma.sync as ptxas emulates it: 268-357):
 // half of what torch._scaled_mm reaches with wgmma, which needs sm_90a code.
-template <Scales kScales> struct Tiling {
+template <Scales kScales, GridZ kZ = GridZ::kNone> struct Tiling {
+  static_assert(kZ != GridZ::kSplitK, "split K has its own tiling");
   static constexpr unsigned kTileM = 128, kTileN = 128;
 #if HK_AMD
   static constexpr unsigned kWavesM = 2, kWavesN = 4;
@@ -102,13 +107,32 @@ template <Scales kScales> struct Tiling {
   static constexpr unsigned kWaveRows = kTileM / kWavesM, kWaveCols = kTileN / kWavesN;
 };
 
+// Weight-only decode, K split over the grid's z: gemm.hip's Skinny, four waves of 16 x 16 side
+// by side (blocks of 16 x 64, so that little work is wasted on rows past a small m), 128 deep
+// (AMD 64, so that two blocks' LDS fit a CU), two stages through registers, where the weights
+// are widened.
+template <> struct Tiling<Scales::kWeightBlock, GridZ::kSplitK> {
+  static constexpr unsigned kTileM = 16, kTileN = 64;
+  static constexpr unsigned kWavesM = 1, kWavesN = 4;
+#if HK_AMD
+  static constexpr unsigned kTileK = 64;
+#else
+  static constexpr unsigned kTileK = 128;
+#endif
+  static constexpr unsigned kStages = 2;
+  static constexpr bool kDynamic = false;
+  static constexpr unsigned kThreads = kWavesM * kWavesN * hk::kWaveSize;
+  static constexpr unsigned kWaveRows = kTileM / kWavesM, kWaveCols = kTileN / kWavesN;
+};
+
 // The depth and width of a block scale's group (DeepSeek-V3's 1 x 128 and 128 x 128). A block
-// of C is one group wide, so one b_scale a group multiplies all of it, and a group is whole
-// steps deep, so a group's partial sums are complete at the end of a step.
+// of C lies in one group's width, so one b_scale a group multiplies all of it, and a group is
+// whole steps deep, so a group's partial sums are complete at the end of a step.
 constexpr unsigned kScaleGroup = 128;
 template <class Tl> constexpr bool kGroupsFit =
-    Tl::kTileN == kScaleGroup && kScaleGroup % Tl::kTileK == 0;
-static_assert(kGroupsFit<Tiling<Scales::kBlock>> && kGroupsFit<Tiling<Scales::kWeightBlock>>,
+    kScaleGroup % Tl::kTileN == 0 && kScaleGroup % Tl::kTileK == 0;
+static_assert(kGroupsFit<Tiling<Scales::kBlock>> && kGroupsFit<Tiling<Scales::kWeightBlock>> &&
+                  kGroupsFit<Tiling<Scales::kWeightBlock, GridZ::kSplitK>>,
               "a block of C shares one b_scale a group, and a group is whole steps deep");
 
 // How B is staged through registers: as it is, or widened from FP8 to the tile's bf16.
@@ -140,15 +164,19 @@ static_assert(kSharedAsContracted<hk::i8, Scales::kPerToken> &&
               "the stages no longer match the `shared` of the 8-bit GEMMs' contracts");
 #endif
 
-// kBatch: the grid's z takes one product of a batch each (strides); otherwise z is 1. T is A's
-// element type and the one multiplied; TB is B's as stored (T, but for weight-only kernels).
-template <typename T, Scales kScales, bool kBias, bool kBatch = false, typename TB = T>
-HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const TB* __restrict__ b,
+// kZ: what the grid's z blocks do (a batch's products are strides apart). T is A's element
+// type and the one multiplied; TB is B's as stored (T, but for weight-only kernels); Out is C's,
+// bf16, or f32 for a split K, whose splits add to C.
+template <typename T, Scales kScales, bool kBias, GridZ kZ = GridZ::kNone, typename TB = T,
+          typename Out = hk::bf16>
+HK_DEVICE void gemm_q8(Out* __restrict__ c, const T* __restrict__ a, const TB* __restrict__ b,
                        const float* __restrict__ a_scale, const float* __restrict__ b_scale,
                        const hk::bf16* __restrict__ bias, unsigned m, unsigned n, unsigned k,
                        unsigned lda, unsigned ldb, unsigned ldc, BatchStrides strides = {}) {
-  static_assert(!kBatch || kScales == Scales::kPerToken, "a batch has per-token scales");
-  if constexpr (kBatch) {
+  static_assert(kZ != GridZ::kBatch || kScales == Scales::kPerToken,
+                "a batch has per-token scales");
+  static_assert((kZ == GridZ::kSplitK) == __is_same(Out, float), "split K adds to an f32 C");
+  if constexpr (kZ == GridZ::kBatch) {
     const unsigned long long p = hk::block_idx_z();
     a += p * strides.a;
     b += p * strides.b;
@@ -156,7 +184,7 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
     a_scale += p * m;
     b_scale += p * n;
   }
-  using Tl = Tiling<kScales>;
+  using Tl = Tiling<kScales, kZ>;
   using Stage = ::Stage<T, Tl>;
   Stage* const stage = hk::tile::stages<Stage, Tl::kStages, Tl::kDynamic>();
   using Acc = hk::tile::Accumulators<T, Tl::kWaveRows / 16, Tl::kWaveCols / 16>;
@@ -164,6 +192,17 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
   static_assert(Tl::kTileK % Atom::kK == 0, "a step is whole atoms deep");
 
   const unsigned steps = (k + Tl::kTileK - 1) / Tl::kTileK;
+  const unsigned groups = (k + kScaleGroup - 1) / kScaleGroup;
+  constexpr unsigned kStepsPerGroup = kScaleGroup / Tl::kTileK;
+  // This block's steps: all of them, or for a split K an even share of whole groups (a group's
+  // sums are scaled as one); the last splits may get none when z does not divide the groups.
+  unsigned first = 0, last = steps;
+  if constexpr (kZ == GridZ::kSplitK) {
+    const unsigned per_split = (groups + hk::grid_dim_z() - 1) / hk::grid_dim_z() * kStepsPerGroup;
+    first = hk::block_idx_z() * per_split;
+    if (first >= steps) return;  // the whole block: no barrier is skipped by part of it
+    last = steps - first < per_split ? steps : first + per_split;
+  }
   const hk::tile::BlockTile tile = hk::tile::block_tile();
   const unsigned row0 = tile.m * Tl::kTileM, col0 = tile.n * Tl::kTileN;
   const unsigned thread = hk::thread_idx_x();
@@ -182,9 +221,8 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
   // the groups before it (unused, and so gone, for the other schemes).
   Acc total;
   total.zero();
-  const unsigned groups = (k + kScaleGroup - 1) / kScaleGroup;
   const auto fold = [&](unsigned group) HK_INLINE {
-    const float b_group = b_scale[tile.n * groups + group];
+    const float b_group = b_scale[col0 / kScaleGroup * groups + group];
 #pragma unroll
     for (unsigned i = 0; i < Acc::kTilesM; ++i) {
       // A lane's accumulators of atom row i lie in two rows (Atom::row of v = 0 and v = 2
@@ -214,7 +252,6 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
     for (unsigned kk = 0; kk < Tl::kTileK; kk += Atom::kK)
       hk::tile::mma<BLayout::kNK>(acc, s.a, s.b, wave_row, wave_col, kk);
     if constexpr (grouped(kScales)) {
-      constexpr unsigned kStepsPerGroup = kScaleGroup / Tl::kTileK;
       if (step % kStepsPerGroup == kStepsPerGroup - 1 || step + 1 == steps)
         fold(step / kStepsPerGroup);
     }
@@ -230,28 +267,28 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
     if (vector) {
       constexpr unsigned kStages = Tl::kStages;
       const auto copy = [&](unsigned s) HK_INLINE {
-        Stage& to = stage[s % kStages];
+        Stage& to = stage[(s - first) % kStages];
         hk::tile::copy_async<Tl::kThreads>(to.a, ga, row0, s * Tl::kTileK, thread);
         hk::tile::copy_async<Tl::kThreads>(to.b, gb, col0, s * Tl::kTileK, thread);
       };
 #pragma unroll
-      for (unsigned s = 0; s + 1 < kStages; ++s) {
-        if (s < steps) copy(s);
+      for (unsigned s = first; s + 1 < first + kStages; ++s) {
+        if (s < last) copy(s);
         hk::tile::async_commit();
       }
-      for (unsigned s = 0; s < steps; ++s) {
+      for (unsigned s = first; s < last; ++s) {
         // Step s's copies are done, and after the barrier every wave has finished step s - 1,
         // whose stage the next copy reuses.
         hk::tile::async_wait<kStages - 2>();
         hk::block_sync();
-        if (s + kStages - 1 < steps) copy(s + kStages - 1);
+        if (s + kStages - 1 < last) copy(s + kStages - 1);
         hk::tile::async_commit();
-        multiply(stage[s % kStages], s);
+        multiply(stage[(s - first) % kStages], s);
       }
     } else {
       // Unaligned rows, the slow path: element by element, no overlap, so that nothing staged
       // adds to the registers the multiply needs (staging through registers spilled here).
-      for (unsigned s = 0; s < steps; ++s) {
+      for (unsigned s = first; s < last; ++s) {
         hk::tile::copy_elements<Tl::kThreads>(stage[0].a, ga, row0, s * Tl::kTileK, thread);
         hk::tile::copy_elements<Tl::kThreads>(stage[0].b, gb, col0, s * Tl::kTileK, thread);
         hk::block_sync();
@@ -273,12 +310,12 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
       next_a.store(to.a, thread);
       next_b.store(to.b, thread);
     };
-    fetch(0);
+    fetch(first);
     store(stage[0]);
     hk::block_sync();
-    for (unsigned s = 0; s < steps; ++s) {
-      const unsigned now = s % 2;
-      const bool more = s + 1 < steps;
+    for (unsigned s = first; s < last; ++s) {
+      const unsigned now = (s - first) % 2;
+      const bool more = s + 1 < last;
       if (more) fetch(s + 1);
       multiply(stage[now], s);
       // The other stage was last read in step s - 1, before the barrier that ended it.
@@ -289,7 +326,8 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
 
   // The scales apply to the finished sums (an i32 sum converts to f32 once, rounding only
   // past 2^24), in the order the reference states: sum · a_scale · b_scale (+ bias); block
-  // scales were applied group by group (fold).
+  // scales were applied group by group (fold). A split K adds the bias in its first split.
+  const bool add_bias = kBias && (kZ != GridZ::kSplitK || hk::block_idx_z() == 0);
   const float tensor_scale = kScales == Scales::kPerTensor ? a_scale[0] * b_scale[0] : 0.0f;
   const Acc& sums = grouped(kScales) ? total : acc;
   sums.for_each([&](unsigned r, unsigned col, auto sum) HK_INLINE {
@@ -300,12 +338,15 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
         x *= tensor_scale;
       else if constexpr (kScales == Scales::kPerToken)
         x = x * a_scale[row] * b_scale[column];
-      if constexpr (kBias) x += hk::to_float(bias[column]);
+      if (add_bias) x += hk::to_float(bias[column]);
       // Addressed from the wave's corner of the row, so that a lane's columns are constant
       // offsets there: addressed from c, ptxas kept every element's address and bounds test
       // live at once and spilled on sm_80.
-      hk::bf16* const line = c + static_cast<unsigned long long>(row) * ldc + col0 + wave_col;
-      line[col] = hk::from_float<hk::bf16>(x);
+      Out* const line = c + static_cast<unsigned long long>(row) * ldc + col0 + wave_col;
+      if constexpr (kZ == GridZ::kSplitK)
+        hk::atomic_add(line + col, x);
+      else
+        line[col] = hk::from_float<Out>(x);
     }
   });
 }
@@ -314,46 +355,56 @@ HK_DEVICE void gemm_q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const 
 
 // One block per SM / CU at least: asking for two of eight waves (128 registers a thread on
 // NVIDIA) spilled 8 to 64 bytes on sm_90 (the FP8 kernels most), which the module's no_spills
-// refuses.
-#define HK_Q8_ENTRY(name, kScales) \
-  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Tiling<kScales>::kThreads, 1) void name
+// refuses. Tl is the kernel's Tiling.
+#define HK_Q8_ENTRY(name, Tl) \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Tl::kThreads, 1) void name
 #define HK_Q8_SIZES unsigned m, unsigned n, unsigned k, unsigned lda, unsigned ldb, unsigned ldc
 #define HK_Q8_PARAMS(T) \
   hk::bf16 *c, const T *a, const T *b, const float *a_scale, const float *b_scale
 // HK_Q8 expands its arguments before HK_Q8_PAIR pastes onto the name.
 #define HK_Q8(name, T, kScales) HK_Q8_PAIR(name, T, kScales)
-#define HK_Q8_PAIR(name, T, kScales)                                                           \
-  HK_Q8_ENTRY(name##_bf16, kScales)(HK_Q8_PARAMS(T), HK_Q8_SIZES) {                            \
-    gemm_q8<T, kScales, false>(c, a, b, a_scale, b_scale, nullptr, m, n, k, lda, ldb, ldc);    \
-  }                                                                                            \
-  HK_Q8_ENTRY(name##_bias_bf16, kScales)(HK_Q8_PARAMS(T), const hk::bf16* bias, HK_Q8_SIZES) { \
-    gemm_q8<T, kScales, true>(c, a, b, a_scale, b_scale, bias, m, n, k, lda, ldb, ldc);        \
+#define HK_Q8_PAIR(name, T, kScales)                                                        \
+  HK_Q8_ENTRY(name##_bf16, Tiling<kScales>)(HK_Q8_PARAMS(T), HK_Q8_SIZES) {                 \
+    gemm_q8<T, kScales, false>(c, a, b, a_scale, b_scale, nullptr, m, n, k, lda, ldb, ldc); \
+  }                                                                                         \
+  HK_Q8_ENTRY(name##_bias_bf16, Tiling<kScales>)(HK_Q8_PARAMS(T), const hk::bf16* bias,     \
+                                                 HK_Q8_SIZES) {                             \
+    gemm_q8<T, kScales, true>(c, a, b, a_scale, b_scale, bias, m, n, k, lda, ldb, ldc);     \
   }
 
 // The batched per-token GEMM: the batch's size is the grid's z.
-#define HK_Q8_BATCHED(name, T)                                                                   \
-  HK_Q8_ENTRY(name##_bf16, Scales::kPerToken)(HK_Q8_PARAMS(T), HK_Q8_SIZES, unsigned batch,      \
-                                              unsigned long long stride_a,                       \
-                                              unsigned long long stride_b,                       \
-                                              unsigned long long stride_c) {                     \
-    (void)batch; /* the grid's z */                                                              \
-    gemm_q8<T, Scales::kPerToken, false, true>(c, a, b, a_scale, b_scale, nullptr, m, n, k, lda, \
-                                               ldb, ldc, {stride_a, stride_b, stride_c});        \
+#define HK_Q8_BATCHED(name, T)                                                                 \
+  HK_Q8_ENTRY(name##_bf16, Tiling<Scales::kPerToken>)(                                         \
+      HK_Q8_PARAMS(T), HK_Q8_SIZES, unsigned batch, unsigned long long stride_a,               \
+      unsigned long long stride_b, unsigned long long stride_c) {                              \
+    (void)batch; /* the grid's z */                                                            \
+    gemm_q8<T, Scales::kPerToken, false, GridZ::kBatch>(c, a, b, a_scale, b_scale, nullptr, m, \
+                                                        n, k, lda, ldb, ldc,                   \
+                                                        {stride_a, stride_b, stride_c});       \
   }
 
-// The weight-only GEMMs of one FP8 format: A bf16, B FP8, block scales for B alone. HK_A16W8
-// pastes the format into the name before HK_A16W8_PAIR pastes onto it.
-#define HK_A16W8(format) HK_A16W8_PAIR(gemm_a16w8_blockscale_##format##_nt, hk::fp8_##format)
-#define HK_A16W8_PARAMS(TB) hk::bf16 *c, const hk::bf16 *a, const TB *b, const float *b_scale
-#define HK_A16W8_PAIR(name, TB)                                                                  \
-  HK_Q8_ENTRY(name##_bf16, Scales::kWeightBlock)(HK_A16W8_PARAMS(TB), HK_Q8_SIZES) {             \
-    gemm_q8<hk::bf16, Scales::kWeightBlock, false, false, TB>(c, a, b, nullptr, b_scale,         \
-                                                              nullptr, m, n, k, lda, ldb, ldc);  \
-  }                                                                                              \
-  HK_Q8_ENTRY(name##_bias_bf16, Scales::kWeightBlock)(HK_A16W8_PARAMS(TB), const hk::bf16* bias, \
-                                                      HK_Q8_SIZES) {                             \
-    gemm_q8<hk::bf16, Scales::kWeightBlock, true, false, TB>(c, a, b, nullptr, b_scale, bias,    \
-                                                             m, n, k, lda, ldb, ldc);            \
+// The weight-only GEMMs of one FP8 format: A bf16, B FP8, block scales for B alone; C in bf16,
+// and for the split-K kernels (decode) added to in f32. HK_A16W8 pastes the format into the
+// names before HK_A16W8_KERNEL pastes onto them.
+// (The tilings go in by name: a template's comma would split a macro argument.)
+using WeightOnly = Tiling<Scales::kWeightBlock>;
+using WeightOnlySplitK = Tiling<Scales::kWeightBlock, GridZ::kSplitK>;
+#define HK_A16W8(format)                                                                     \
+  HK_A16W8_KERNEL(gemm_a16w8_blockscale_##format##_nt, hk::fp8_##format, GridZ::kNone,       \
+                  WeightOnly, hk::bf16, _bf16)                                               \
+  HK_A16W8_KERNEL(gemm_a16w8_blockscale_splitk_##format##_nt, hk::fp8_##format,              \
+                  GridZ::kSplitK, WeightOnlySplitK, float, _f32)
+#define HK_A16W8_PARAMS(Out, TB) Out *c, const hk::bf16 *a, const TB *b, const float *b_scale
+#define HK_A16W8_CALL(TB, kZ, Out, kBias, bias)                                              \
+  gemm_q8<hk::bf16, Scales::kWeightBlock, kBias, kZ, TB, Out>(c, a, b, nullptr, b_scale,     \
+                                                               bias, m, n, k, lda, ldb, ldc);
+#define HK_A16W8_KERNEL(name, TB, kZ, Tl, Out, out_suffix)                                   \
+  HK_Q8_ENTRY(name##out_suffix, Tl)(HK_A16W8_PARAMS(Out, TB), HK_Q8_SIZES) {                 \
+    HK_A16W8_CALL(TB, kZ, Out, false, nullptr)                                               \
+  }                                                                                          \
+  HK_Q8_ENTRY(name##_bias##out_suffix, Tl)(                                                  \
+      HK_A16W8_PARAMS(Out, TB), const hk::bf16* bias, HK_Q8_SIZES) {                         \
+    HK_A16W8_CALL(TB, kZ, Out, true, bias)                                                   \
   }
 
 #if defined(HK_GEMM_A16W8)

@@ -8,7 +8,9 @@ torch's own 8-bit matmuls, in one run.
     does a little less work than ours)
   gemm_a16w8_blockscale_e4m3fn_nt_bf16 (bf16 activations, FP8 weights with 128 x 128 block
     scales, widened in the kernel) against torch.matmul on the weights dequantized to bf16
-    beforehand (cuBLAS bf16: the peer reads twice the weight bytes but converts nothing)
+    beforehand (cuBLAS bf16: the peer reads twice the weight bytes but converts nothing); at
+    M = 16 its split-K form gemm_a16w8_blockscale_splitk_e4m3fn_nt_f32, timed with the zeroing
+    of its f32 C
 
 Called through hkload's Python package with their arguments alone, as a user does. Inputs are
 fresh random values quantized to each format with per-row (or per-tensor, or for weights of
@@ -103,7 +105,8 @@ def main() -> int:
                     b, b_scale, weight_scale = quantize_blocks(w)
                     # The dequantized weight is exact in f64; the sums' scales are then 1.
                     sa, sb = torch.ones(m, device="cuda"), torch.ones(n, device="cuda")
-                    name = "gemm_a16w8_blockscale_e4m3fn_nt_bf16"
+                    decode = m <= 16
+                    name = f"gemm_a16w8_blockscale{'_splitk' if decode else ''}_e4m3fn_nt_{'f32' if decode else 'bf16'}"
                 elif kind == "int8":
                     a, sa = quantize(x, torch.int8, 127.0)
                     b, sb = quantize(w, torch.int8, 127.0)
@@ -117,9 +120,12 @@ def main() -> int:
                     a, b = (x / ta).to(FP8), (w / tb).to(FP8)
                     sa, sb = ta.reshape(1).float(), tb.reshape(1).float()
                     name = "gemm_fp8_e4m3fn_nt_per_tensor_bf16"
-                c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                split = name.endswith("_f32")  # adds to C
+                c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32 if split else torch.bfloat16)
 
                 def ours():
+                    if split:
+                        c.zero_()
                     if kind == "a16w8":
                         kernels.call(name, c, a, b, b_scale, m, n, k, k, k, n)
                     else:

@@ -124,7 +124,8 @@ def q8_gemm_case(kernel: str, generator: torch.Generator) -> Case:
     `batched_gemm_a8w8_nt_bf16`, `batched_gemm_fp8_<format>_nt_per_token_bf16`): C = (A·Bᵀ) ·
     a_scale · b_scale (+ bias) in bf16 (block scales: per 128-deep group; batched: per product),
     against float64 from the same 8-bit values and scales. Weight-only
-    (`gemm_a16w8_blockscale_<format>_nt[_bias]_bf16`): A in bf16, no a_scale."""
+    (`gemm_a16w8_blockscale_<format>_nt[_bias]_bf16`): A in bf16, no a_scale; its split-K form
+    (`gemm_a16w8_blockscale_splitk_<format>_nt[_bias]_f32`) adds the same to an f32 C."""
     m, n, k = 37, 170, 300
     words = kernel.split("_")
 
@@ -175,7 +176,9 @@ def q8_gemm_case(kernel: str, generator: torch.Generator) -> Case:
             rows = (m, n) if "per_token" in kernel else (1, 1)
             a_scale, b_scale = (uniform(r, low=0.001, high=0.01).float() for r in rows)
     bias = uniform(n).to(torch.bfloat16) if "bias" in words else None
-    c = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    split = "splitk" in words  # C += the product (+ bias), in f32
+    start = uniform(m, n, low=-4, high=4).float() if split else None
+    c = start.clone() if split else torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
 
     def want():
         a64, b64 = wide(a), wide(b)
@@ -187,11 +190,12 @@ def q8_gemm_case(kernel: str, generator: torch.Generator) -> Case:
                 product += part * a_scale.double()[:, g, None] * b_block[None, :]
         else:
             product = (a64 @ b64.t()) * a_scale.double()[:, None] * b_scale.double()[None, :]
+        product = product + (start.double() if split else 0)
         return product + (bias.double() if bias is not None else 0)
 
     scales = [b_scale] if weight_only else [a_scale, b_scale]
     args = [c, a, b] + scales + ([bias] if bias is not None else []) + [m, n, k, k, k, n]
-    return Case(kernel, args, lambda: close(c, want(), "bf16", kernel))
+    return Case(kernel, args, lambda: close(c, want(), "f32" if split else "bf16", kernel))
 
 
 FP8 = {

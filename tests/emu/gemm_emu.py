@@ -239,7 +239,7 @@ def launch_shape(kernels, name, pointers, scalars, z):
     args = [hkload.Pointer(address, elem, length) for address, elem, length in pointers] + scalars
     shape = getattr(kernels, name).launch_shape(*args)
     grid = list(shape["grid"])
-    if name.startswith("gemm_a16w16_splitk"):
+    if "_splitk_" in name:
         grid[2] = z
     return tuple(grid), tuple(shape["block"])
 

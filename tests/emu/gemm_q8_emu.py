@@ -28,7 +28,8 @@ instead (amd-emulator.md lists the faults):
   is not counted, as for gemm_emu.py's bf16 GEMMs (its bf16 MFMA decodes as another
   instruction). gfx942 widens FNUZ weights with its conversion instruction, which the emulator
   reads as OCP: those cases get b_scale halved (OCP = 2 x FNUZ, as above) and are labelled
-  "corrected"; OCP weights there, and FNUZ weights on gfx950, are widened in software.
+  "corrected"; OCP weights there, and FNUZ weights on gfx950, are widened in software. Its
+  split-K kernels run too, C (f32) added to from random values, K split SPLITK ways.
 
 Each case checks C against the reference bound and that nothing outside C changed; each target
 also runs a deliberately broken copy (its first 8-bit MFMA turned into another one), which must
@@ -102,6 +103,8 @@ def check_ocp_is_twice_fnuz(bits):
 
 def symbol(module, scales, bias):
     b = "_bias" if bias else ""
+    if scales.startswith("a16w8_splitk_"):
+        return f"gemm_a16w8_blockscale_splitk_{scales[len('a16w8_splitk_'):]}_nt{b}_f32"
     if module == "gemm_a16w8":
         return f"gemm_a16w8_blockscale_{scales[len('a16w8_'):]}_nt{b}_bf16"
     if scales.startswith("batched"):
@@ -121,19 +124,27 @@ def bias_buffer(np, rng, n):
     return buf, values
 
 
-def run_and_judge(np, run_asm, co, meta, kernels, name, pointers, scalars, c, shape, want, bound):
-    """Launches kernel `name` on `pointers` and `scalars` (the launch shape from its contract),
-    then judges C, `shape` = (rows, n, ldc), against `want` within `bound`: (ok, worst error
-    over the bound). ok also needs the gaps between C's rows and C's guards untouched."""
+def run_and_judge(np, run_asm, co, meta, kernels, name, pointers, scalars, c, shape, want, bound,
+                  z=1):
+    """Launches kernel `name` on `pointers` and `scalars` (the launch shape from its contract;
+    z blocks along z for a split K), then judges C, `shape` = (rows, n, ldc), bf16 or (a
+    split K's) f32, against `want` within `bound`: (ok, worst error over the bound). ok also
+    needs the gaps between C's rows and C's guards untouched (poison, NaN in f32)."""
     rows, n, ldc = shape
-    grid, block = gemm_emu.launch_shape(kernels, name, pointers, scalars, 1)
+    grid, block = gemm_emu.launch_shape(kernels, name, pointers, scalars, z)
     launch(run_asm, co, meta, name, grid, block, [p[0] for p in pointers] + scalars)
-    got = from_bits(np, np.stack([c.view[i * ldc:i * ldc + n] for i in range(rows)]), "bf16")
+    f32 = c.view.dtype == np.float32
+    got = np.stack([c.view[i * ldc:i * ldc + n] for i in range(rows)])
+    got = got.astype(np.float64) if f32 else from_bits(np, got, "bf16")
     err = np.abs(got - want)
     ok = bool((err <= bound).all())
     worst = float(np.max(err / bound)) if not np.isnan(err).any() else math.inf
     gaps = [c.view[i * ldc + n:(i + 1) * ldc] for i in range(rows - 1)]
-    ok &= all(bool((g == POISON16).all()) for g in gaps) and c.guards_intact(POISON16)
+    if f32:
+        guards = np.concatenate([c.full[:c.guard], c.full[c.guard + c.n:]])
+        ok &= all(bool(np.isnan(g).all()) for g in gaps) and bool(np.isnan(guards).all())
+    else:
+        ok &= all(bool((g == POISON16).all()) for g in gaps) and c.guards_intact(POISON16)
     return ok, worst
 
 
@@ -231,9 +242,11 @@ def check(np, run_asm, co, meta, kernels, module, target, case, rng):
 
 def check_weight_only(np, run_asm, co, meta, kernels, target, case, rng):
     """A weight-only case: scales "a16w8_<format>", A bf16, B in that FP8 format, b_scale per
-    128 x 128 block of B; as check() otherwise."""
+    128 x 128 block of B; as check() otherwise. Scales "a16w8_splitk_<format>" add the same to
+    an f32 C from random values, K split SPLITK ways."""
     scales, bias, m, n, k, (pa, pb, pc) = case
-    element = "fp8_" + scales[len("a16w8_"):]
+    split = scales.startswith("a16w8_splitk_")
+    element = "fp8_" + scales.split("_")[-1]
     lda, ldb, ldc = k + pa, k + pb, n + pc
     count_a, count_b = (m - 1) * lda + k, (n - 1) * ldb + k
     a_bits, a_vals = to_bits(np, rng.uniform(-1, 1, count_a) * 2.0 ** rng.integers(-6, 8, count_a), "bf16")
@@ -249,7 +262,13 @@ def check_weight_only(np, run_asm, co, meta, kernels, target, case, rng):
         check_ocp_is_twice_fnuz(b_bits)
     b_scale = Buffer(np, b_scale_vals.size, np.float32, np.nan)
     b_scale.view[:] = b_scale_vals / 2 if corrected else b_scale_vals
-    c = Buffer(np, (m - 1) * ldc + n, np.uint16, POISON16)
+    if split:
+        c = Buffer(np, (m - 1) * ldc + n, np.float32, np.nan)
+        start = rng.uniform(-4, 4, (m, n)).astype(np.float32)
+        for i in range(m):
+            c.view[i * ldc:i * ldc + n] = start[i]
+    else:
+        c = Buffer(np, (m - 1) * ldc + n, np.uint16, POISON16)
     av = np.stack([a_vals[i * lda:i * lda + k] for i in range(m)])
     bv = np.stack([b_vals[j * ldb:j * ldb + k] for j in range(n)])
     b_s = np.repeat(b_scale_vals.astype(np.float64).reshape(-1, groups), 128, axis=0)[:n]
@@ -260,21 +279,31 @@ def check_weight_only(np, run_asm, co, meta, kernels, target, case, rng):
         want += part
         magnitude += np.abs(part)
         spread2 += ((av[:, ks] ** 2) @ (bv[:, ks] ** 2).T) * b_s[:, g] ** 2
-    pointers = [(c.address, "bf16", c.n), (a.address, "bf16", a.n), (b.address, element, b.n),
-                (b_scale.address, "f32", b_scale.n)]
+    pointers = [(c.address, "f32" if split else "bf16", c.n), (a.address, "bf16", a.n),
+                (b.address, element, b.n), (b_scale.address, "f32", b_scale.n)]
     if bias:
         bias_buf, bias_vals = bias_buffer(np, rng, n)  # kept alive until the launch
         pointers.append((bias_buf.address, "bf16", n))
         want = want + bias_vals
     name = symbol("gemm_a16w8", scales, bias)
     scalars = [m, n, k, lda, ldb, ldc]
-    # As the block scales' bound in check(): f32 sums, a rounding of the total per group.
-    bound = (2.0 ** -8 * np.abs(want) + k * 2.0 ** -22 * np.sqrt(spread2)
+    # As the block scales' bound in check(): f32 sums, a rounding of the total per group; a
+    # split K rounds C (f32) once more per split that adds to it.
+    unit = 2.0 ** -8
+    if split:
+        magnitude = magnitude + np.abs(start) + np.abs(want)
+        want = want + start
+        unit = 2.0 ** -24 * (SPLITK + 1)
+    bound = (unit * np.abs(want) + k * 2.0 ** -22 * np.sqrt(spread2)
              + (groups + 3) * 2.0 ** -24 * magnitude + 2.0 ** -130)
     ok, worst = run_and_judge(np, run_asm, co, meta, kernels, name, pointers, scalars, c,
-                              (m, n, ldc), want, bound)
+                              (m, n, ldc), want, bound, SPLITK if split else 1)
     label = f"{name} m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc}" + (" corrected" if corrected else "")
-    return ok, worst, label
+    return ok, worst, label + (f" z={SPLITK}" if split else "")
+
+
+# The weight-only split-K cases' split: more than one group per split, and splits left empty.
+SPLITK = 3
 
 
 def cases(module):
@@ -292,7 +321,12 @@ def cases(module):
             (scales, True, 1, 17, 200, (0, 8, 0)),      # M = 1; rows of B unaligned
         ]
     if module == "gemm_a16w8":
-        return out
+        # Split K (decode): 5 groups over 3 splits, aligned rows over 2 x 3 blocks of 16 x 64;
+        # 1 group (two splits empty), unaligned rows.
+        return out + [
+            ("a16w8_splitk_e4m3fn", True, 20, 130, 600, (0, 8, 1)),
+            ("a16w8_splitk_e4m3fnuz", False, 5, 70, 61, (2, 1, 2)),
+        ]
     # Batched: aligned matrices over 2 x 2 blocks; unaligned rows with one B for both products.
     out += [
         ("batched", False, 130, 129, 96, (16, 0, 3)),

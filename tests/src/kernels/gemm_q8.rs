@@ -14,7 +14,10 @@
 //!
 //! `gemm_a16w8_blockscale_{e4m3fn,e4m3fnuz}_nt[_bias]_bf16` (weight-only) take A in bf16 and
 //! scale each group by `b_scale[j / 128][g]` alone; the reference and bound are the block
-//! scales' (bf16 products are exact in f32, as FP8 ones are).
+//! scales' (bf16 products are exact in f32, as FP8 ones are). Their split-K forms,
+//! `gemm_a16w8_blockscale_splitk_{e4m3fn,e4m3fnuz}_nt[_bias]_f32`, add the same to an f32 C:
+//! cases start C from random values and choose the split (more splits than K has groups too,
+//! and the contract's), each split adding one more f32 rounding of C.
 //!
 //! `batched_gemm_a8w8_nt_bf16` and `batched_gemm_fp8_{e4m3fn,e4m3fnuz}_nt_per_token_bf16`
 //! compute `batch` per-token products, matrix `p` of each `stride_*` elements after matrix
@@ -24,7 +27,7 @@
 use hkload::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
-use crate::case::{Case, CaseArg, Expect};
+use crate::case::{Case, CaseArg, Expect, grid_label};
 use crate::host::round_to;
 
 /// The element types the kernels take: int8 and the two E4M3 formats.
@@ -83,6 +86,21 @@ pub fn symbol(elem: ScalarType, scales: Scales, bias: bool) -> String {
             format!("gemm_a16w8_blockscale_{format}_nt{bias}_bf16")
         }
     }
+}
+
+/// The weight-only split-K kernel's symbol.
+pub fn splitk_symbol(elem: ScalarType, bias: bool) -> String {
+    let bias = if bias { "_bias" } else { "" };
+    let format = elem.name().trim_start_matches("fp8_");
+    format!("gemm_a16w8_blockscale_splitk_{format}_nt{bias}_f32")
+}
+
+/// How C receives the product: stored in bf16, or added to an f32 C by a weight-only split K
+/// over the grid's z (`None`: the contract's split).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Epilogue {
+    Store,
+    SplitK(Option<u32>),
 }
 
 /// The batched kernel's symbol (per-token scales, no bias).
@@ -236,11 +254,70 @@ fn output(want: Vec<f64>, abs: f64, rows: usize, n: usize, ldc: usize) -> CaseAr
     }
 }
 
+/// A split K's C: f32 rows of `n` values `ldc` apart that start from random values (NaN between
+/// rows) and must end as those plus `r.want`. Each of at most `groups` splits rounds C once
+/// more (to f32), on top of `abs`, the product's own bound.
+fn added_output(
+    mut r: Reference,
+    abs: f64,
+    groups: usize,
+    (m, n, ldc): (usize, usize, usize),
+    rng: &mut impl Rng,
+) -> CaseArg {
+    let mut start = vec![f64::NAN; m * ldc];
+    let mut largest = 0.0f64;
+    for i in 0..m {
+        for j in 0..n {
+            let x = round_to(ScalarType::F32, rng.random_range(-4.0..4.0));
+            start[i * ldc + j] = x;
+            largest = largest.max(x.abs() + r.want[i * n + j].abs());
+            r.want[i * n + j] += x;
+        }
+    }
+    CaseArg::InOut {
+        name: "c",
+        elem: ScalarType::F32,
+        data: start,
+        expect: Expect::StridedClose {
+            want: r.want,
+            row_len: n,
+            stride: ldc,
+            abs: abs + (groups + 1) as f64 * 2f64.powi(-24) * (largest + r.largest),
+            rel: 2f64.powi(-24),
+        },
+    }
+}
+
 /// One launch on fresh random inputs: `(m, n, k)` with rows padded by `pad` elements.
 pub fn case(
     elem: ScalarType,
     scales: Scales,
     bias: bool,
+    size: (usize, usize, usize),
+    pad: (usize, usize, usize),
+    rng: &mut impl Rng,
+) -> Case {
+    launch(elem, scales, bias, Epilogue::Store, size, pad, rng)
+}
+
+/// One launch of a weight-only split-K kernel, `case`'s product added to C.
+pub fn splitk_case(
+    elem: ScalarType,
+    bias: bool,
+    splits: Option<u32>,
+    size: (usize, usize, usize),
+    pad: (usize, usize, usize),
+    rng: &mut impl Rng,
+) -> Case {
+    let epilogue = Epilogue::SplitK(splits);
+    launch(elem, Scales::WeightBlock, bias, epilogue, size, pad, rng)
+}
+
+fn launch(
+    elem: ScalarType,
+    scales: Scales,
+    bias: bool,
+    epilogue: Epilogue,
     (m, n, k): (usize, usize, usize),
     pad: (usize, usize, usize),
     rng: &mut impl Rng,
@@ -268,8 +345,19 @@ pub fn case(
     };
     let r = reference(scales, (m, n, k), &operands);
     let abs = abs_tolerance(elem, scales, k, &r);
+    let (c, kernel, split) = match epilogue {
+        Epilogue::Store => (
+            output(r.want, abs, m, n, ldc),
+            symbol(elem, scales, bias),
+            None,
+        ),
+        Epilogue::SplitK(splits) => {
+            let c = added_output(r, abs, k.div_ceil(SCALE_GROUP), (m, n, ldc), rng);
+            (c, splitk_symbol(elem, bias), splits)
+        }
+    };
     let mut args = vec![
-        output(r.want, abs, m, n, ldc),
+        c,
         CaseArg::input("a", a_elem, a),
         CaseArg::input("b", elem, b),
     ];
@@ -282,10 +370,13 @@ pub fn case(
     }
     args.extend([m, n, k, lda, ldb, ldc].map(|x| CaseArg::Scalar(ScalarValue::U32(x as u32))));
     Case {
-        kernel: symbol(elem, scales, bias),
-        label: format!("m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc}"),
+        kernel,
+        label: format!(
+            "m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc}{}",
+            grid_label([None, None, split])
+        ),
         args,
-        grid: [None; 3],
+        grid: [None, None, split],
     }
 }
 
@@ -382,6 +473,19 @@ const BATCHES: [(Size, Size, usize, (usize, bool)); 4] = [
     ((129, 64, 256), (16, 16, 8), 1, (0, false)),
 ];
 
+/// Weight-only split K: `(m, n, k)`, rows' padding and the split (`None`: the contract's).
+/// Decode shapes at the contract's split, more groups than splits, one group split two ways
+/// (the second split empty) with unaligned rows, more splits than groups, and several blocks of
+/// rows in one split.
+const SPLITS: [(Size, Size, Option<u32>); 6] = [
+    ((1, 4096, 4096), (0, 0, 0), None),
+    ((16, 200, 4096), (0, 0, 0), None),
+    ((7, 127, 1000), (0, 0, 0), Some(3)),
+    ((33, 70, 61), (3, 1, 2), Some(2)),
+    ((20, 200, 1000), (0, 0, 0), Some(16)),
+    ((129, 64, 300), (16, 8, 3), Some(1)),
+];
+
 /// Every symbol on every shape.
 pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
     let mut cases = Vec::new();
@@ -404,6 +508,11 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
         }
         for (size, pad, batch, strides) in BATCHES {
             cases.push(batched_case(elem, size, pad, batch, strides, rng));
+        }
+        if elem != ScalarType::I8 {
+            for (i, &(size, pad, splits)) in SPLITS.iter().enumerate() {
+                cases.push(splitk_case(elem, i % 2 == 1, splits, size, pad, rng));
+            }
         }
     }
     cases
@@ -461,6 +570,12 @@ mod tests {
         for elem in ELEMENTS {
             assert!(cases.iter().any(|c| c.kernel == batched_symbol(elem)));
         }
+        for elem in [ScalarType::Fp8E4m3fn, ScalarType::Fp8E4m3fnuz] {
+            for bias in [false, true] {
+                let symbol = splitk_symbol(elem, bias);
+                assert!(cases.iter().any(|c| c.kernel == symbol), "{symbol}");
+            }
+        }
         let case = cases.iter().find(|c| c.label.starts_with("m=33")).unwrap();
         let CaseArg::Output {
             expect:
@@ -490,6 +605,44 @@ mod tests {
         got[0] += 0.5;
         outputs[0] = Some(got);
         assert!(case.check(&outputs).is_err());
+    }
+
+    #[test]
+    fn split_k_cases_add_the_product_to_c() {
+        // The same seed draws the same operands; the split-K case then draws C's start.
+        let size = (3, 130, 300);
+        let rng = || StdRng::seed_from_u64(9);
+        let fp8 = ScalarType::Fp8E4m3fn;
+        let stored = case(fp8, Scales::WeightBlock, true, size, (0, 0, 1), &mut rng());
+        let added = splitk_case(fp8, true, Some(2), size, (0, 0, 1), &mut rng());
+        assert_eq!(
+            added.kernel,
+            "gemm_a16w8_blockscale_splitk_e4m3fn_nt_bias_f32"
+        );
+        assert_eq!(added.grid, [None, None, Some(2)]);
+        let CaseArg::InOut {
+            elem: ScalarType::F32,
+            data: start,
+            expect: Expect::StridedClose { want, stride, .. },
+            ..
+        } = &added.args[0]
+        else {
+            panic!("a split K's c is an f32 input and output")
+        };
+        let (n, ldc) = (130, *stride);
+        for (i, row) in expected_c(&stored).chunks(n).enumerate() {
+            for (j, &product) in row.iter().enumerate() {
+                assert_eq!(want[i * n + j], start[i * ldc + j] + product);
+            }
+            assert!(
+                start[i * ldc + n].is_nan(),
+                "the gap between rows is poisoned"
+            );
+        }
+        // The start itself is not an answer.
+        let mut outputs = vec![None; added.args.len()];
+        outputs[0] = Some(start.clone());
+        assert!(added.check(&outputs).is_err());
     }
 
     #[test]
