@@ -33,9 +33,12 @@
 //     ldb, ldc): b_scale [ceil(N/128)][G] per 128 x 128 block of B as above, G = ceil(K/128):
 //     C[i][j] = bf16(Σ_g f32(Σ_{k in g} A[i][k] B[j][k]) · b_scale[j/128][g] (+ bias[j])),
 //     the dequantized weight B[j][k] · b_scale[j/128][g] applied group by group, exactly.
+//   gemm_a16w8_blockscale_splitk_<format>_nt[_bias]_f32(the same arguments, C f32): for
+//     decode, C[i][j] += the same sum (+ bias[j]), K split over the grid's z in whole groups,
+//     each split adding its groups' scaled sums with atomics (the first adds the bias).
 //
-// Launch: the contracts in the manifests (a block of 128 x 128 of C, its waves as Tiling says,
-// grid x over n, y over m, z over a batch's products). The structure is gemm.hip's (see there):
+// Launch: the contracts in the manifests (a block of 128 x 128 of C, or 16 x 64 for split K,
+// its waves as Tiling says, grid x over n, y over m, z over a batch's products or K's splits). The structure is gemm.hip's (see there):
 // K in steps of 32 or 64 bytes through shared tiles, zero-filled past the edges (so any M, N,
 // K), NVIDIA overlapping kStages - 1 steps with cp.async when rows are 16-byte aligned
 // (pointers aligned, k and ld multiples of 16), every other case staging the next step through
