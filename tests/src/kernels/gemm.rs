@@ -175,8 +175,11 @@ fn strided_input(
     data
 }
 
-/// `C = A·B (+ bias)` in f64, and the largest `sqrt(Σ_k A[i][k]² B[k][j]²)`, for `a` with rows
-/// `lda` apart and `b_kn` dense `[K][N]`.
+/// `C = A·B (+ bias)` in f64, and the largest `sqrt(Σ_k A[i][k]² B[k][j]² (+ bias[j]²))`, for
+/// `a` with rows `lda` apart and `b_kn` dense `[K][N]`. The bias counts as a term: the kernels
+/// start their accumulators from it, so every addition of the sum rounds with it in (a
+/// tensor-core addition may be off by a whole f32 unit of the running sum, which at k = 1 with
+/// a larger bias exceeded a bound without it).
 pub fn reference(shape: &Shape, a: &[f64], b_kn: &[f64], bias: Option<&[f64]>) -> (Vec<f64>, f64) {
     let Shape { m, n, k, lda, .. } = *shape;
     let mut c = vec![0.0; m * n];
@@ -194,7 +197,10 @@ pub fn reference(shape: &Shape, a: &[f64], b_kn: &[f64], bias: Option<&[f64]>) -
             }
         }
         if let Some(bias) = bias {
-            row.iter_mut().zip(bias).for_each(|(acc, &b)| *acc += b);
+            for ((acc, sq), &b) in row.iter_mut().zip(squares.iter_mut()).zip(bias) {
+                *acc += b;
+                *sq += b * b;
+            }
         }
         spread = squares.iter().fold(spread, |s, &q| s.max(q.sqrt()));
     }
@@ -597,7 +603,8 @@ mod tests {
         let a = [1.0, 2.0, f64::NAN, 3.0, 4.0];
         let (c, spread) = reference(&shape, &a, &[5.0, 6.0, 7.0, 8.0], Some(&[0.5, -0.5]));
         assert_eq!(c, [19.5, 21.5, 43.5, 49.5]);
-        assert_eq!(spread, (18.0f64 * 18.0 + 32.0 * 32.0).sqrt());
+        // Row 1, column 1: products 18 and 32, and the bias -0.5 as a term.
+        assert_eq!(spread, (18.0f64 * 18.0 + 32.0 * 32.0 + 0.25).sqrt());
     }
 
     #[test]
