@@ -38,11 +38,12 @@
 //     each split adding its groups' scaled sums with atomics (the first adds the bias).
 //
 // Launch: the contracts in the manifests (a block of 128 x 128 of C, or 16 x 64 for split K,
-// its waves as Tiling says, grid x over n, y over m, z over a batch's products or K's splits). The structure is gemm.hip's (see there):
-// K in steps of 32 or 64 bytes through shared tiles, zero-filled past the edges (so any M, N,
-// K), NVIDIA overlapping kStages - 1 steps with cp.async when rows are 16-byte aligned
-// (pointers aligned, k and ld multiples of 16), every other case staging the next step through
-// registers, rows that are not aligned element by element.
+// its waves as Tiling says, grid x over n, y over m, z over a batch's products or K's splits).
+// The structure is gemm.hip's (see there): K in steps of 32 to 256 bytes through shared tiles,
+// zero-filled past the edges (so any M, N, K), NVIDIA overlapping kStages - 1 steps with
+// cp.async when rows are 16-byte aligned (pointers aligned, k and ld multiples of 16), every
+// other case staging the next step through registers, rows that are not aligned element by
+// element.
 #include "hk/fp8.h"
 #include "hk/hk.h"
 #include "hk/tile/tile.h"
@@ -201,7 +202,8 @@ HK_DEVICE void gemm_q8(Out* __restrict__ c, const T* __restrict__ a, const TB* _
   // sums are scaled as one); the last splits may get none when z does not divide the groups.
   unsigned first = 0, last = steps;
   if constexpr (kZ == GridZ::kSplitK) {
-    const unsigned per_split = (groups + hk::grid_dim_z() - 1) / hk::grid_dim_z() * kStepsPerGroup;
+    const unsigned groups_per_split = (groups + hk::grid_dim_z() - 1) / hk::grid_dim_z();
+    const unsigned per_split = groups_per_split * kStepsPerGroup;
     first = hk::block_idx_z() * per_split;
     if (first >= steps) return;  // the whole block: no barrier is skipped by part of it
     last = steps - first < per_split ? steps : first + per_split;
