@@ -19,7 +19,8 @@ of exact products summed in f32 (i32 for int8, exact), scaled and rounded once t
 the weight-only kernel, b is the dequantized weight and s_i = t_j = 1):
     |got - ref| <= 2^-8 |ref| + K 2^-22 sqrt(sum_k (a_ik b_jk)^2) s_i t_j + 2^-133
 ref in float64 from the same quantized values and scales. Every C is checked at M = 16 and
-2048 (the f64 product at M = 8192 is slow; those are timed only).
+2048 (the f64 product at M = 8192 is slow; those are timed only); so is torch._scaled_mm's C,
+shown beside ours and not judged (it is the peer, not under test).
 
 usage: gemm_q8_bench.py BUNDLE   (hkload installed, or on PYTHONPATH)
 """
@@ -91,8 +92,9 @@ def main() -> int:
     kernels = hkload.Bundle(sys.argv[1]).load(torch.device("cuda", 0))
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name(0)} torch {torch.__version__} hkload {sys.argv[1]}")
-    print("TF/s count 2 M N K; ratio = peer time / ours; worst = largest error / bound (<= 1 passes)")
-    header = f"{'kernel':<10} {'M':>5} {'N':>6} {'K':>6} {'ours ms':>9} {'TF/s':>7} {'peer ms':>9} {'TF/s':>7} {'ratio':>6} {'worst':>6}"
+    print("TF/s count 2 M N K; ratio = peer time / ours; worst = largest error / bound (<= 1 passes);")
+    print("peer = torch._scaled_mm's C against the same reference and bound (shown, not judged)")
+    header = f"{'kernel':<10} {'M':>5} {'N':>6} {'K':>6} {'ours ms':>9} {'TF/s':>7} {'peer ms':>9} {'TF/s':>7} {'ratio':>6} {'worst':>6} {'peer':>6}"
     print(header)
     failed = 0
     for kind in ("fp8 tensor", "fp8 token", "int8", "a16w8"):
@@ -142,7 +144,7 @@ def main() -> int:
                 else:
                     peer = lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
                 ms = timed(ours)
-                worst = "-"
+                worst = peer_worst = "-"
                 if m <= 2048:
                     ours()
                     torch.cuda.synchronize()
@@ -155,6 +157,8 @@ def main() -> int:
                     ratio = check(c, *values, full(sa, m), full(sb, n))
                     failed += ratio > 1.0
                     worst = f"{ratio:.3f}"
+                    if kind.startswith("fp8"):  # _scaled_mm's own C against the same bound
+                        peer_worst = f"{check(peer(), *values, full(sa, m), full(sb, n)):.3f}"
                 tf = 2 * m * n * k / ms / 1e9
                 peer_cols = f"{'-':>9} {'-':>7} {'-':>6}"
                 if peer is not None:
@@ -163,7 +167,7 @@ def main() -> int:
                         peer_cols = f"{pms:9.4f} {2 * m * n * k / pms / 1e9:7.1f} {pms / ms:6.2f}"
                     except RuntimeError as refused:  # a layout or shape the peer does not take
                         peer_cols = f"  (peer refused: {str(refused).splitlines()[0][:60]})"
-                print(f"{kind:<10} {m:>5} {n:>6} {k:>6} {ms:9.4f} {tf:7.1f} {peer_cols} {worst:>6}", flush=True)
+                print(f"{kind:<10} {m:>5} {n:>6} {k:>6} {ms:9.4f} {tf:7.1f} {peer_cols} {worst:>6} {peer_worst:>6}", flush=True)
     print(f"checks: {'all passed' if not failed else f'{failed} FAILED'}")
     return 1 if failed else 0
 
