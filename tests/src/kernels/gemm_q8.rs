@@ -70,35 +70,37 @@ impl Scales {
 /// The depth of a block scale's group along k, and the width of B's blocks.
 pub const SCALE_GROUP: usize = 128;
 
+/// The FP8 format as the block-scaled kernels' names spell it (`e4m3fn`, without `fp8_`).
+fn format_name(elem: ScalarType) -> &'static str {
+    elem.name().trim_start_matches("fp8_")
+}
+
 /// The kernel's symbol.
 pub fn symbol(elem: ScalarType, scales: Scales, bias: bool) -> String {
     let bias = if bias { "_bias" } else { "" };
+    let format = format_name(elem);
     match (elem, scales) {
         (ScalarType::I8, _) => format!("gemm_a8w8_nt{bias}_bf16"),
         (_, Scales::PerTensor) => format!("gemm_{}_nt_per_tensor{bias}_bf16", elem.name()),
         (_, Scales::PerToken) => format!("gemm_{}_nt_per_token{bias}_bf16", elem.name()),
-        (_, Scales::Block) => {
-            let format = elem.name().trim_start_matches("fp8_");
-            format!("gemm_fp8_blockscale_{format}_nt{bias}_bf16")
-        }
-        (_, Scales::WeightBlock) => {
-            let format = elem.name().trim_start_matches("fp8_");
-            format!("gemm_a16w8_blockscale_{format}_nt{bias}_bf16")
-        }
+        (_, Scales::Block) => format!("gemm_fp8_blockscale_{format}_nt{bias}_bf16"),
+        (_, Scales::WeightBlock) => format!("gemm_a16w8_blockscale_{format}_nt{bias}_bf16"),
     }
 }
 
 /// The weight-only split-K kernel's symbol.
 pub fn splitk_symbol(elem: ScalarType, bias: bool) -> String {
     let bias = if bias { "_bias" } else { "" };
-    let format = elem.name().trim_start_matches("fp8_");
-    format!("gemm_a16w8_blockscale_splitk_{format}_nt{bias}_f32")
+    format!(
+        "gemm_a16w8_blockscale_splitk_{}_nt{bias}_f32",
+        format_name(elem)
+    )
 }
 
 /// How C receives the product: stored in bf16, or added to an f32 C by a weight-only split K
 /// over the grid's z (`None`: the contract's split).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Epilogue {
+enum Epilogue {
     Store,
     SplitK(Option<u32>),
 }
