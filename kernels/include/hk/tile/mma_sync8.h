@@ -110,10 +110,7 @@ template <> struct MmaAtom<fp8_e4m3fn> : AccumulatorLayout {
   // The m16n8k16 operands of each 16-deep half h (see the header for the order of k).
   struct A { unsigned r[2][4]; };
   struct B { unsigned r[2][2][2]; };  // [8-column half][h]
-  struct C {
-    float v[8];
-    static constexpr unsigned kSize = 8;
-  };
+  using C = MmaAtom<f16>::C;          // the f16 instruction's accumulators
 
   template <class Tile> static HK_DEVICE A load_a(const Tile& s, unsigned row0, unsigned k0) {
     unsigned codes[4];
