@@ -14,10 +14,18 @@
 //!   as new as its compute capability, compiled by the driver's JIT, and only when no cubin
 //!   matches; the newest such PTX wins.
 //! * Code for one vendor never runs on the other's GPUs.
+//! * Architecture-specific code ([`TargetId::is_arch_specific`], `sm_90a`) runs only on
+//!   devices of exactly its architecture (compute capability 9.0 for `sm_90a`: not 8.9, not
+//!   10.0, whatever its kind), and there, among entries that match equally well, it is chosen
+//!   first: an `sm_90a` cubin over the `sm_90` cubin, which beats any PTX. Elsewhere the
+//!   device takes what it took without it. The rule asks the target, not the vendor or the
+//!   suffix, so `sm_100a` follows it unchanged.
 //!
 //! A device's target ID is normally fully specified (ROCm always reports both xnack and
 //! sramecc). If a caller passes one that leaves a feature Any, that setting is taken as
-//! unknown: only entries that also leave it Any match.
+//! unknown: only entries that also leave it Any match. No device is arch-specific (CUDA
+//! reports compute capability 9.0 as `sm_90`): one given as `sm_90a` is taken as the device it
+//! names, `sm_90`.
 //!
 //! The choice never depends on the order of the entries: equally good entries (possible only
 //! in bundles that break clang's composition rules) are ordered by their canonical IDs.
@@ -73,6 +81,8 @@ pub enum Rejection {
     CubinNewerMinor { entry: SmArch, device: SmArch },
     /// PTX for a newer compute capability than the device's.
     PtxNewerThanDevice { entry: SmArch, device: SmArch },
+    /// Architecture-specific code (`sm_90a`) for another architecture than the device's.
+    ArchSpecific { entry: TargetId, device: TargetId },
 }
 
 impl fmt::Display for Rejection {
@@ -119,8 +129,16 @@ impl fmt::Display for Rejection {
                 write!(
                     f,
                     "PTX for {} is newer than the device's {device}",
-                    compute_name(entry)
+                    entry.compute_name()
                 )
+            }
+            Self::ArchSpecific { entry, device } => {
+                let runs_on = entry.portable();
+                write!(f, "{entry} code runs only on {runs_on}")?;
+                if let TargetId::Nvidia(arch) = runs_on {
+                    write!(f, " (compute capability {}.{})", arch.major(), arch.minor())?;
+                }
+                write!(f, " devices; this device is {device}")
             }
         }
     }
@@ -132,11 +150,6 @@ fn setting(feature: FeatureName, setting: Feature) -> String {
         Some(sign) => format!("{feature}{sign}"),
         None => format!("{feature} as Any"),
     }
-}
-
-/// NVIDIA's virtual-architecture name, the one PTX is built for: `compute_90`.
-fn compute_name(arch: SmArch) -> String {
-    format!("compute_{}{}", arch.major(), arch.minor())
 }
 
 /// What became of one entry.
@@ -259,6 +272,7 @@ impl fmt::Display for Selection {
 /// or `None` when none can run there. This is the rule [`select`] explains, without the
 /// explanation: it allocates nothing, so loading a bundle pays only for the choice.
 pub fn choose(device: &TargetId, entries: &[EntryId]) -> Option<(usize, Match)> {
+    let device = &device.portable();
     entries
         .iter()
         .enumerate()
@@ -274,7 +288,10 @@ pub fn choose(device: &TargetId, entries: &[EntryId]) -> Option<(usize, Match)> 
 }
 
 /// Chooses the entry `device` runs from the `entries` of one module, and judges every entry.
+/// A device given as arch-specific (`sm_90a`) is judged, and recorded, as the device it names
+/// (`sm_90`).
 pub fn select(device: &TargetId, entries: &[EntryId]) -> Selection {
+    let device = &device.portable();
     let best = choose(device, entries);
     let verdicts = entries
         .iter()
@@ -307,8 +324,19 @@ pub fn select(device: &TargetId, entries: &[EntryId]) -> Selection {
     }
 }
 
-/// Whether `entry` can run on `device`, and how it matches.
+/// Whether `entry` can run on `device` (never arch-specific), and how it matches.
 fn assess(device: &TargetId, entry: &EntryId) -> Result<Match, Rejection> {
+    let target = entry.target();
+    if target.vendor() == device.vendor() && target.is_arch_specific() {
+        if !same_architecture(&target, device) {
+            return Err(Rejection::ArchSpecific {
+                entry: target,
+                device: *device,
+            });
+        }
+        // On its own architecture the code runs as its plain twin would.
+        return assess(device, &entry.portable());
+    }
     match (device, entry) {
         (TargetId::Amd(device), EntryId::AmdCodeObject(entry)) => assess_amd(device, entry),
         (TargetId::Nvidia(device), EntryId::Cubin(entry)) => assess_cubin(*device, *entry),
@@ -317,6 +345,16 @@ fn assess(device: &TargetId, entry: &EntryId) -> Result<Match, Rejection> {
             entry: entry.target().vendor(),
             device: device.vendor(),
         }),
+    }
+}
+
+/// Whether `device` is the very architecture arch-specific code for `target` is built for: the
+/// same AMD processor, or the same NVIDIA compute capability (not merely the same major).
+fn same_architecture(target: &TargetId, device: &TargetId) -> bool {
+    match (target.portable(), device) {
+        (TargetId::Amd(target), TargetId::Amd(device)) => target.processor() == device.processor(),
+        (TargetId::Nvidia(target), TargetId::Nvidia(device)) => target == *device,
+        _ => false,
     }
 }
 
@@ -392,6 +430,10 @@ fn how(device: &TargetId, entry: &EntryId, matched: Match) -> String {
                 format!("feature-agnostic: {} left as Any", left_any.join(" and "))
             }
         },
+        EntryId::Cubin(arch) if arch.is_arch_specific() => format!(
+            "arch-specific cubin for {arch}, built for this architecture alone: it may use \
+             instructions no other has"
+        ),
         EntryId::Cubin(_) if entry.target() == *device => {
             "cubin for this exact architecture".to_owned()
         }
@@ -399,20 +441,40 @@ fn how(device: &TargetId, entry: &EntryId, matched: Match) -> String {
             format!("cubin for {arch}, which runs on the newer {device} of the same major version")
         }
         EntryId::Ptx(arch) => format!(
-            "PTX for {}, compiled for {device} by the driver's JIT",
-            compute_name(*arch)
+            "{}PTX for {}, compiled for {device} by the driver's JIT",
+            if arch.is_arch_specific() {
+                "arch-specific "
+            } else {
+                ""
+            },
+            arch.compute_name()
         ),
     }
 }
 
-/// Orders usable entries best first: by how they match, then the more specific first (more
-/// features named, the cubin closest to the device, the newest PTX).
-fn rank(matched: Match, entry: &EntryId) -> (Match, Reverse<usize>, Reverse<Option<SmArch>>) {
+/// How [`rank`] orders entries: smaller is better.
+type Rank = (
+    Match,
+    Reverse<bool>,
+    Reverse<usize>,
+    Reverse<Option<SmArch>>,
+);
+
+/// Orders usable entries best first: by how they match, then the more specific first
+/// (arch-specific code, which is usable only on its own architecture and there may do what
+/// portable code cannot; more features named; the cubin closest to the device; the newest
+/// PTX).
+fn rank(matched: Match, entry: &EntryId) -> Rank {
     let arch = match entry {
         EntryId::AmdCodeObject(_) => None,
         EntryId::Cubin(arch) | EntryId::Ptx(arch) => Some(*arch),
     };
-    (matched, Reverse(named_features(entry)), Reverse(arch))
+    (
+        matched,
+        Reverse(entry.target().is_arch_specific()),
+        Reverse(named_features(entry)),
+        Reverse(arch),
+    )
 }
 
 fn named_features(entry: &EntryId) -> usize {
@@ -439,6 +501,9 @@ fn outranked(
             "usable via the generic target, but a native entry matched".to_owned()
         }
         (Match::PtxJit, Match::Cubin) => format!("usable ({how}), but the cubin {by} needs no JIT"),
+        _ if by.target().is_arch_specific() && !entry.target().is_arch_specific() => {
+            format!("usable ({how}), but {by} is built for this architecture alone and comes first")
+        }
         (Match::Cubin, _) => format!("usable ({how}), but {by} is closer to the device"),
         (Match::PtxJit, _) => format!("usable ({how}), but {by} is newer"),
         _ if named_features(entry) < named_features(by) => {
@@ -929,6 +994,197 @@ mod tests {
         );
     }
 
+    /// A module built for sm_80, sm_90 and sm_90a with ptxas, its PTX as a build without
+    /// pruning would ship it.
+    fn with_sm_90a() -> Vec<EntryId> {
+        vec![
+            cuda("sm_80"),
+            cuda("compute_80"),
+            cuda("sm_90"),
+            cuda("sm_90a"),
+            cuda("compute_90"),
+        ]
+    }
+
+    #[test]
+    fn arch_specific_code_runs_only_on_its_architecture_and_comes_first_there() {
+        let entries = with_sm_90a();
+        let elsewhere = |device: &str| {
+            format!(
+                "sm_90a code runs only on sm_90 (compute capability 9.0) devices; this device is \
+                 {device}"
+            )
+        };
+        for (device_text, expected, matched) in [
+            ("sm_80", cuda("sm_80"), Match::Cubin),
+            ("sm_89", cuda("sm_80"), Match::Cubin),
+            ("sm_90", cuda("sm_90a"), Match::Cubin),
+            ("sm_100", cuda("compute_90"), Match::PtxJit),
+            ("sm_120", cuda("compute_90"), Match::PtxJit),
+        ] {
+            let selection = select(&device(device_text), &entries);
+            assert_eq!(
+                selection.chosen(),
+                Some((&expected, matched)),
+                "{device_text}\n{selection}"
+            );
+            assert_eq!(
+                choose(&device(device_text), &entries).map(|(i, m)| (entries[i], m)),
+                Some((expected, matched)),
+                "{device_text}"
+            );
+            if device_text != "sm_90" {
+                assert_eq!(
+                    rejection(&selection, &cuda("sm_90a")),
+                    Rejection::ArchSpecific {
+                        entry: device("sm_90a"),
+                        device: device(device_text),
+                    },
+                    "{device_text}"
+                );
+                let reason = selection.verdicts()[3].reason();
+                assert_eq!(reason, elsewhere(device_text));
+            }
+        }
+
+        // The explanation on the one architecture it runs on, and on a newer one.
+        assert_eq!(
+            select(&device("sm_90"), &entries).to_string(),
+            "rejected  cuda-nvptx64-nvidia-cuda-sm_80: a cubin for sm_80 runs only on major \
+             version 8, not on sm_90\n\
+             outranked cuda-nvptx64-nvidia-cuda-compute_80 (usable (PTX for compute_80, compiled \
+             for sm_90 by the driver's JIT), but the cubin cuda-nvptx64-nvidia-cuda-sm_90a needs \
+             no JIT)\n\
+             outranked cuda-nvptx64-nvidia-cuda-sm_90 (usable (cubin for this exact \
+             architecture), but cuda-nvptx64-nvidia-cuda-sm_90a is built for this architecture \
+             alone and comes first)\n\
+             chosen    cuda-nvptx64-nvidia-cuda-sm_90a (arch-specific cubin for sm_90a, built \
+             for this architecture alone: it may use instructions no other has)\n\
+             outranked cuda-nvptx64-nvidia-cuda-compute_90 (usable (PTX for compute_90, compiled \
+             for sm_90 by the driver's JIT), but the cubin cuda-nvptx64-nvidia-cuda-sm_90a needs \
+             no JIT)"
+        );
+        assert_eq!(
+            select(&device("sm_100"), &entries).to_string(),
+            "rejected  cuda-nvptx64-nvidia-cuda-sm_80: a cubin for sm_80 runs only on major \
+             version 8, not on sm_100\n\
+             outranked cuda-nvptx64-nvidia-cuda-compute_80 (usable (PTX for compute_80, compiled \
+             for sm_100 by the driver's JIT), but cuda-nvptx64-nvidia-cuda-compute_90 is newer)\n\
+             rejected  cuda-nvptx64-nvidia-cuda-sm_90: a cubin for sm_90 runs only on major \
+             version 9, not on sm_100\n\
+             rejected  cuda-nvptx64-nvidia-cuda-sm_90a: sm_90a code runs only on sm_90 (compute \
+             capability 9.0) devices; this device is sm_100\n\
+             chosen    cuda-nvptx64-nvidia-cuda-compute_90 (PTX for compute_90, compiled for \
+             sm_100 by the driver's JIT)"
+        );
+        // Alone, it serves no other device, and the reason says which one it needs.
+        let selection = select(&device("sm_89"), &[cuda("sm_90a")]);
+        assert_eq!(
+            selection.to_string(),
+            format!(
+                "rejected  cuda-nvptx64-nvidia-cuda-sm_90a: {}\nno entry runs on sm_89",
+                elsewhere("sm_89")
+            )
+        );
+    }
+
+    #[test]
+    fn without_arch_specific_code_every_device_chooses_as_before() {
+        let with = with_sm_90a();
+        let without: Vec<EntryId> = with
+            .iter()
+            .copied()
+            .filter(|entry| !entry.target().is_arch_specific())
+            .collect();
+        for device_text in ["sm_75", "sm_80", "sm_86", "sm_89", "sm_100", "sm_120"] {
+            let (before, after) = (
+                select(&device(device_text), &without),
+                select(&device(device_text), &with),
+            );
+            assert_eq!(
+                before.chosen(),
+                after.chosen(),
+                "{device_text}\n{before}\n{after}"
+            );
+            // Every other entry's verdict, reason included, is what it was.
+            let others: Vec<&Verdict> = after
+                .verdicts()
+                .iter()
+                .filter(|verdict| !verdict.entry().target().is_arch_specific())
+                .collect();
+            assert_eq!(others, before.verdicts().iter().collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn the_rule_is_the_same_for_every_arch_specific_target() {
+        // sm_100a: exactly compute capability 10.0, not 10.3 of the same major.
+        let entries = [cuda("sm_90"), cuda("sm_100a"), cuda("compute_90")];
+        let selection = select(&device("sm_100"), &entries);
+        assert_eq!(selection.chosen(), Some((&cuda("sm_100a"), Match::Cubin)));
+        let selection = select(&device("sm_103"), &entries);
+        assert_eq!(
+            selection.chosen(),
+            Some((&cuda("compute_90"), Match::PtxJit))
+        );
+        assert_eq!(
+            selection.verdicts()[1].reason(),
+            "sm_100a code runs only on sm_100 (compute capability 10.0) devices; this device is \
+             sm_103"
+        );
+        let selection = select(&device("sm_90"), &entries);
+        assert_eq!(selection.chosen(), Some((&cuda("sm_90"), Match::Cubin)));
+
+        // Arch-specific PTX (a build without ptxas) follows it too: preferred on its own
+        // architecture among PTX, refused on any other.
+        let ptx = [cuda("compute_90"), cuda("compute_90a")];
+        let selection = select(&device("sm_90"), &ptx);
+        assert_eq!(
+            selection.chosen(),
+            Some((&cuda("compute_90a"), Match::PtxJit))
+        );
+        assert_eq!(
+            selection.verdicts()[1].reason(),
+            "arch-specific PTX for compute_90a, compiled for sm_90 by the driver's JIT"
+        );
+        let selection = select(&device("sm_120"), &ptx);
+        assert_eq!(
+            selection.chosen(),
+            Some((&cuda("compute_90"), Match::PtxJit))
+        );
+        assert_eq!(
+            rejection(&selection, &cuda("compute_90a")),
+            Rejection::ArchSpecific {
+                entry: device("sm_90a"),
+                device: device("sm_120"),
+            }
+        );
+
+        // Never across vendors: the vendor is what an AMD device is told.
+        assert_eq!(
+            rejection(
+                &select(&device("gfx942:sramecc+:xnack-"), &[cuda("sm_90a")]),
+                &cuda("sm_90a")
+            ),
+            Rejection::DifferentVendor {
+                entry: Vendor::Nvidia,
+                device: Vendor::Amd
+            }
+        );
+    }
+
+    #[test]
+    fn a_device_named_as_arch_specific_is_its_architecture() {
+        let entries = with_sm_90a();
+        let named = select(&device("sm_90a"), &entries);
+        assert_eq!(named, select(&device("sm_90"), &entries));
+        assert_eq!(named.device(), &device("sm_90"));
+        assert_eq!(
+            choose(&device("sm_90a"), &entries),
+            choose(&device("sm_90"), &entries)
+        );
+    }
+
     /// Calls `visit` with every ordering of `items`.
     fn permutations(items: &mut Vec<EntryId>, fixed: usize, visit: &mut dyn FnMut(&[EntryId])) {
         if fixed == items.len() {
@@ -961,6 +1217,13 @@ mod tests {
                 cuda("compute_86"),
                 cuda("compute_90"),
             ],
+            vec![
+                cuda("sm_80"),
+                cuda("sm_90"),
+                cuda("sm_90a"),
+                cuda("compute_90a"),
+                cuda("compute_90"),
+            ],
         ];
         let devices = [
             "gfx90a:sramecc+:xnack-",
@@ -970,7 +1233,9 @@ mod tests {
             "sm_80",
             "sm_86",
             "sm_89",
+            "sm_90",
             "sm_100",
+            "sm_120",
             "sm_75",
         ];
         for entries in &mut bundles {

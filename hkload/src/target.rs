@@ -356,17 +356,27 @@ impl fmt::Display for AmdTarget {
     }
 }
 
-/// An NVIDIA architecture: compute capability `major.minor`, written `sm_<major><minor>`.
+/// An NVIDIA architecture: compute capability `major.minor`, written `sm_<major><minor>`; or,
+/// for code only, its architecture-specific variant `sm_<major><minor>a` (`sm_90a`).
+///
+/// Code for an arch-specific variant may use instructions that only that one architecture has
+/// (Hopper's `wgmma` and TMA for sm_90a), so it runs only on devices of exactly that compute
+/// capability, not on later ones as plain code does (see [`TargetId::is_arch_specific`]). A
+/// device is never arch-specific: the CUDA driver reports compute capability 9.0 as `sm_90`.
 ///
 /// The derived order compares major, then minor, which is how the CUDA driver compares
-/// compute capabilities.
+/// compute capabilities, then puts an arch-specific variant after its plain architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SmArch {
     major: u32,
     minor: u32,
+    arch_specific: bool,
 }
 
 impl SmArch {
+    /// The first major version with architecture-specific variants (sm_90a).
+    const FIRST_ARCH_SPECIFIC_MAJOR: u32 = 9;
+
     /// The architecture of compute capability `major.minor`, as a CUDA device reports it.
     pub fn new(major: u32, minor: u32) -> Result<Self, TargetIdError> {
         // Names put the minor version in one digit, so a larger one could not be printed
@@ -374,7 +384,11 @@ impl SmArch {
         if major == 0 || minor > 9 {
             return Err(TargetIdError::NoSmName { major, minor });
         }
-        Ok(Self { major, minor })
+        Ok(Self {
+            major,
+            minor,
+            arch_specific: false,
+        })
     }
 
     pub const fn major(self) -> u32 {
@@ -385,34 +399,76 @@ impl SmArch {
         self.minor
     }
 
+    /// Whether this is an architecture-specific variant (`sm_90a`).
+    pub const fn is_arch_specific(self) -> bool {
+        self.arch_specific
+    }
+
+    /// The plain architecture of the same compute capability: `sm_90` for `sm_90a`.
+    pub const fn portable(self) -> Self {
+        Self {
+            arch_specific: false,
+            ..self
+        }
+    }
+
+    /// NVIDIA's virtual-architecture name, the one PTX is built for: `compute_90`,
+    /// `compute_90a`.
+    pub fn compute_name(self) -> String {
+        format!("compute_{}", self.digits())
+    }
+
+    /// `90`, `90a`, `120`: what follows `sm_` or `compute_`.
+    fn digits(self) -> String {
+        let suffix = if self.arch_specific { "a" } else { "" };
+        format!("{}{}{suffix}", self.major, self.minor)
+    }
+
     /// Parses the digits after `sm_` or `compute_` in `spelled`: the major version, then a
-    /// one-digit minor version.
+    /// one-digit minor version, then `a` for an architecture-specific variant.
     fn parse_digits(spelled: &str, digits: &str) -> Result<Self, TargetIdError> {
         let plain = |digits: &str| {
             digits.len() >= 2
                 && !digits.starts_with('0')
                 && digits.bytes().all(|byte| byte.is_ascii_digit())
         };
-        if !plain(digits) {
-            // `sm_90a` and `sm_100f` name architecture-specific variants: worth a message of
-            // their own, since the fix is obvious.
-            let suffixed = digits.strip_suffix(['a', 'f']).is_some_and(plain);
-            return Err(if suffixed {
-                TargetIdError::ArchSpecific(spelled.to_owned())
+        let (number, arch_specific) = match digits.strip_suffix('a') {
+            Some(number) => (number, true),
+            None => (digits, false),
+        };
+        if !plain(number) {
+            // `sm_100f` names a family-specific variant: worth a message of its own, since
+            // the fix is obvious.
+            let family = digits.strip_suffix('f').is_some_and(plain);
+            return Err(if family {
+                TargetIdError::FamilySpecific(spelled.to_owned())
             } else {
                 TargetIdError::BadSmArch(spelled.to_owned())
             });
         }
-        let number: u32 = digits
+        let number: u32 = number
             .parse()
             .map_err(|_| TargetIdError::BadSmArch(spelled.to_owned()))?;
-        Self::new(number / 10, number % 10)
+        let arch = Self::new(number / 10, number % 10)?;
+        if !arch_specific {
+            return Ok(arch);
+        }
+        if arch.major < Self::FIRST_ARCH_SPECIFIC_MAJOR {
+            return Err(TargetIdError::NoArchSpecificVariant {
+                target: spelled.to_owned(),
+                portable: arch,
+            });
+        }
+        Ok(Self {
+            arch_specific: true,
+            ..arch
+        })
     }
 }
 
 impl fmt::Display for SmArch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sm_{}{}", self.major, self.minor)
+        write!(f, "sm_{}", self.digits())
     }
 }
 
@@ -430,7 +486,7 @@ impl Serialize for SmArch {
 pub enum TargetId {
     /// `gfx942`, `gfx942:sramecc+:xnack-`, `gfx9-4-generic`.
     Amd(AmdTarget),
-    /// `sm_80`, `sm_90`, `sm_120`.
+    /// `sm_80`, `sm_90`, `sm_120`; for code, also `sm_90a`.
     Nvidia(SmArch),
 }
 
@@ -439,6 +495,32 @@ impl TargetId {
         match self {
             Self::Amd(_) => Vendor::Amd,
             Self::Nvidia(_) => Vendor::Nvidia,
+        }
+    }
+
+    /// Whether code for this target is architecture-specific: built to use instructions that
+    /// one architecture alone has, so that it runs only on devices of exactly
+    /// [`TargetId::portable`], and is preferred there over portable code (`sm_90a`: compute
+    /// capability 9.0 only, never 10.0 or 8.9). Devices never are.
+    ///
+    /// [`crate::select`] asks only this and [`TargetId::portable`], never which vendor or
+    /// suffix, so `sm_100a` and `sm_120a` follow the same rule. AMD has no such targets:
+    /// every native AMD code object already runs on its own processor only. Should AMD code
+    /// ever need instructions that only some devices of a processor have, a target that says
+    /// so here, with its portable target, gets the same choice and explanation unchanged.
+    pub fn is_arch_specific(&self) -> bool {
+        match self {
+            Self::Amd(_) => false,
+            Self::Nvidia(arch) => arch.is_arch_specific(),
+        }
+    }
+
+    /// The target of the devices that run this target's code: `sm_90` for `sm_90a`; any other
+    /// target is its own.
+    pub fn portable(&self) -> TargetId {
+        match *self {
+            Self::Amd(target) => Self::Amd(target),
+            Self::Nvidia(arch) => Self::Nvidia(arch.portable()),
         }
     }
 
@@ -592,6 +674,12 @@ pub enum EntryId {
 impl TargetId {
     /// The entries a build for this target can make: an AMD code object, or an NVIDIA cubin and
     /// PTX. What a target a module skips would have offered a device.
+    ///
+    /// An arch-specific target (`sm_90a`) is built to PTX too (`compute_90a`), but that PTX
+    /// ships only in a build without ptxas: the driver would JIT it for compute capability 9.0
+    /// alone, where the cubin already runs without a JIT, and devices newer than any cubin
+    /// take the portable PTX (`compute_90`), which is what gives forward compatibility.
+    /// hkpack drops it as it drops every PTX that no device would choose.
     pub fn entry_ids(self) -> Vec<EntryId> {
         match self {
             Self::Amd(target) => vec![EntryId::AmdCodeObject(target)],
@@ -606,6 +694,16 @@ impl EntryId {
         match *self {
             Self::AmdCodeObject(target) => TargetId::Amd(target),
             Self::Cubin(arch) | Self::Ptx(arch) => TargetId::Nvidia(arch),
+        }
+    }
+
+    /// The same kind of entry for [`TargetId::portable`]: `cuda-nvptx64-nvidia-cuda-sm_90` for
+    /// `cuda-nvptx64-nvidia-cuda-sm_90a`; any other entry is its own.
+    pub fn portable(&self) -> EntryId {
+        match *self {
+            Self::AmdCodeObject(target) => Self::AmdCodeObject(target),
+            Self::Cubin(arch) => Self::Cubin(arch.portable()),
+            Self::Ptx(arch) => Self::Ptx(arch.portable()),
         }
     }
 
@@ -671,11 +769,7 @@ impl fmt::Display for EntryId {
         match self {
             Self::AmdCodeObject(target) => write!(f, "hipv4-{AMD_TRIPLE}{target}"),
             Self::Cubin(arch) => write!(f, "cuda-{NVIDIA_TRIPLE}{arch}"),
-            Self::Ptx(arch) => write!(
-                f,
-                "cuda-{NVIDIA_TRIPLE}compute_{}{}",
-                arch.major, arch.minor
-            ),
+            Self::Ptx(arch) => write!(f, "cuda-{NVIDIA_TRIPLE}{}", arch.compute_name()),
         }
     }
 }
@@ -699,7 +793,8 @@ pub enum TargetIdError {
     Empty,
     #[error(
         "`{0}` is not a GPU target hkload knows: AMD processors are {known}, and NVIDIA \
-         architectures are written sm_<major><minor>, e.g. sm_90",
+         architectures are written sm_<major><minor>, e.g. sm_90 (sm_90a for code that uses \
+         instructions of that architecture alone)",
         known = known_processors()
     )]
     UnknownProcessor(String),
@@ -731,14 +826,21 @@ pub enum TargetIdError {
     EmptyFeature(String),
     #[error(
         "`{0}` is not an NVIDIA architecture: write the major version and a one-digit minor \
-         version, e.g. sm_80, sm_90 or sm_120"
+         version, e.g. sm_80, sm_90 or sm_120, and `a` after them for architecture-specific \
+         code (sm_90a)"
     )]
     BadSmArch(String),
     #[error(
-        "`{0}` names an architecture-specific NVIDIA variant, which hkload does not support; \
-         drop the suffix"
+        "`{0}` names a family-specific NVIDIA variant, which hkload does not support; build \
+         for the architecture-specific variant (e.g. sm_100a), whose code runs on that \
+         architecture alone, or drop the suffix for portable code"
     )]
-    ArchSpecific(String),
+    FamilySpecific(String),
+    #[error(
+        "`{target}` names an architecture-specific variant of {portable}, which has none: \
+         NVIDIA defines them from sm_90a on; build for {portable}"
+    )]
+    NoArchSpecificVariant { target: String, portable: SmArch },
     #[error(
         "compute capability {major}.{minor} has no sm_XY name: the major version must be at \
          least 1 and the minor version a single digit"
@@ -935,6 +1037,9 @@ mod tests {
             ("sm_89", "sm_89"),
             ("sm_100", "sm_100"),
             ("sm_120", "sm_120"),
+            ("sm_90a", "sm_90a"),
+            ("sm_100a", "sm_100a"),
+            ("sm_120a", "sm_120a"),
         ] {
             let parsed = target(text);
             assert_eq!(parsed.to_string(), canonical);
@@ -964,17 +1069,41 @@ mod tests {
 
         assert_eq!(
             target("sm_120"),
-            TargetId::Nvidia(SmArch {
-                major: 12,
-                minor: 0
-            })
+            TargetId::Nvidia(SmArch::new(12, 0).unwrap())
         );
         assert_eq!(
             target("sm_89"),
-            TargetId::Nvidia(SmArch { major: 8, minor: 9 })
+            TargetId::Nvidia(SmArch::new(8, 9).unwrap())
         );
         assert_eq!(target("sm_90").vendor(), Vendor::Nvidia);
         assert_eq!(target("gfx950").vendor(), Vendor::Amd);
+    }
+
+    #[test]
+    fn arch_specific_targets_name_the_architecture_they_run_on() {
+        for (specific, portable) in [
+            ("sm_90a", "sm_90"),
+            ("sm_100a", "sm_100"),
+            ("sm_120a", "sm_120"),
+        ] {
+            let specific = target(specific);
+            assert!(specific.is_arch_specific(), "{specific}");
+            assert_eq!(specific.portable(), target(portable));
+            assert!(!target(portable).is_arch_specific(), "{portable}");
+            assert_eq!(target(portable).portable(), target(portable));
+        }
+        let gfx942 = target("gfx942:sramecc+:xnack-");
+        assert!(!gfx942.is_arch_specific());
+        assert_eq!(gfx942.portable(), gfx942);
+        // A device's architecture is never arch-specific.
+        assert!(!SmArch::new(9, 0).unwrap().is_arch_specific());
+        let sm_90a = match target("sm_90a") {
+            TargetId::Nvidia(arch) => arch,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((sm_90a.major(), sm_90a.minor()), (9, 0));
+        assert_eq!(sm_90a.compute_name(), "compute_90a");
+        assert_eq!(sm_90a.portable().compute_name(), "compute_90");
     }
 
     #[test]
@@ -985,12 +1114,29 @@ mod tests {
 
     #[test]
     fn target_ids_sort_stably() {
-        let mut targets = ["sm_90", "gfx942:xnack-", "sm_80", "gfx90a", "gfx942"].map(target);
+        let mut targets = [
+            "sm_100",
+            "sm_90a",
+            "sm_90",
+            "gfx942:xnack-",
+            "sm_80",
+            "gfx90a",
+            "gfx942",
+        ]
+        .map(target);
         targets.sort();
         let sorted = targets.map(|target| target.to_string());
         assert_eq!(
             sorted,
-            ["gfx90a", "gfx942", "gfx942:xnack-", "sm_80", "sm_90"]
+            [
+                "gfx90a",
+                "gfx942",
+                "gfx942:xnack-",
+                "sm_80",
+                "sm_90",
+                "sm_90a",
+                "sm_100"
+            ]
         );
     }
 
@@ -1077,15 +1223,25 @@ mod tests {
             "sm_+90",
             "sm_9.0",
             "sm_99999999999",
+            "sm_9a",
+            "sm_90aa",
+            "sm_90A",
+            "sm_a",
+            "sm_90af",
         ] {
             assert_eq!(error(bad), TargetIdError::BadSmArch(bad.into()), "{bad}");
         }
-        for specific in ["sm_90a", "sm_100f"] {
-            assert_eq!(
-                error(specific),
-                TargetIdError::ArchSpecific(specific.into())
-            );
+        // Family-specific variants are not supported; architecture-specific ones start at 9.0.
+        for family in ["sm_100f", "sm_120f"] {
+            assert_eq!(error(family), TargetIdError::FamilySpecific(family.into()));
         }
+        assert_eq!(
+            error("sm_80a"),
+            TargetIdError::NoArchSpecificVariant {
+                target: "sm_80a".into(),
+                portable: SmArch::new(8, 0).unwrap(),
+            }
+        );
     }
 
     #[test]
@@ -1100,6 +1256,12 @@ mod tests {
             "`gfx1100:xnack-` sets xnack, but gfx1100 has no xnack setting; remove it"
         );
         assert!(message("gfx942:xnack").contains("write xnack+ for on or xnack- for off"));
+        assert!(message("sm_100f").contains("sm_100a"));
+        assert_eq!(
+            message("sm_89a"),
+            "`sm_89a` names an architecture-specific variant of sm_89, which has none: NVIDIA \
+             defines them from sm_90a on; build for sm_89"
+        );
     }
 
     #[test]
@@ -1199,6 +1361,16 @@ mod tests {
                 "cuda-nvptx64-nvidia-cuda-compute_120",
                 ImageKind::Ptx,
             ),
+            (
+                "cuda-nvptx64-nvidia-cuda-sm_90a",
+                "cuda-nvptx64-nvidia-cuda-sm_90a",
+                ImageKind::Cubin,
+            ),
+            (
+                "cuda-nvptx64-nvidia-cuda-compute_90a",
+                "cuda-nvptx64-nvidia-cuda-compute_90a",
+                ImageKind::Ptx,
+            ),
         ] {
             let parsed = entry(text);
             assert_eq!(parsed.to_string(), canonical);
@@ -1212,6 +1384,14 @@ mod tests {
         assert_eq!(
             entry("cuda-nvptx64-nvidia-cuda-compute_80").target(),
             target("sm_80")
+        );
+        assert_eq!(
+            entry("cuda-nvptx64-nvidia-cuda-sm_100a").target(),
+            target("sm_100a")
+        );
+        assert_eq!(
+            entry("cuda-nvptx64-nvidia-cuda-compute_90a").target(),
+            target("sm_90a")
         );
         assert_eq!(
             entry("hipv4-amdgcn-amd-amdhsa--gfx950").target(),

@@ -19,6 +19,18 @@
 #error "hk/device.h is for device compiles only: AMDGCN (-x hip --cuda-device-only) or NVPTX (-x cuda --cuda-device-only)"
 #endif
 
+// HK_SM90A: 1 when compiling for the architecture-specific target sm_90a (wgmma, TMA,
+// setmaxnreg: Hopper instructions that no other architecture has), else 0. clang 22 defines
+// __CUDA_ARCH_FEAT_SM90_ALL for --cuda-gpu-arch=sm_90a only (sm_90 gets __CUDA_ARCH__ 900
+// alone). Such code runs only on compute capability 9.0, and hkload chooses it only there;
+// modules opt in with `arch_specific = ["sm_90a"]` in their manifest. sm_100a would define
+// __CUDA_ARCH_FEAT_SM100_ALL.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HK_SM90A 1
+#else
+#define HK_SM90A 0
+#endif
+
 // ---- Keywords -------------------------------------------------------------------------------
 // Without the vendor headers clang knows only the attributes; these are their usual names.
 #ifndef __global__
