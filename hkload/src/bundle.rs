@@ -387,7 +387,12 @@ impl Bundle {
     ///
     /// The reasons come from the manifest, decoded here; an index whose manifest does not
     /// decode gives an explanation without them (and fails at [`Bundle::load`]).
+    ///
+    /// No device reports an architecture-specific target: one named so (`sm_90a`) is explained
+    /// as the device its code runs on (`sm_90`), and the explanation says so.
     pub fn explain(&self, device: &TargetId) -> Explanation {
+        let named = *device;
+        let device = &named.portable();
         let modules = self
             .table()
             .modules()
@@ -418,6 +423,7 @@ impl Bundle {
             .collect();
         Explanation {
             device: *device,
+            named_as: (named != *device).then_some(named),
             modules,
         }
     }
@@ -768,6 +774,10 @@ fn check_digests(bytes: &[u8], expected: &Digests, what: &str) -> Result<()> {
 #[derive(Debug, Clone, Serialize)]
 pub struct Explanation {
     pub device: TargetId,
+    /// The architecture-specific target the caller named the device by (`sm_90a`), when it
+    /// did: `device` is then the architecture that target's code runs on (`sm_90`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub named_as: Option<TargetId>,
     pub modules: Vec<ModuleChoice>,
 }
 
@@ -800,7 +810,16 @@ impl Explanation {
 
 impl std::fmt::Display for Explanation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "device {}", self.device)?;
+        write!(f, "device {}", self.device)?;
+        if let Some(named) = &self.named_as {
+            write!(
+                f,
+                " (named as {named}, which is a target of code, not of a device: its code runs \
+                 on {} devices alone)",
+                self.device
+            )?;
+        }
+        writeln!(f)?;
         for module in &self.modules {
             match &module.not_built {
                 Some(not_built) => writeln!(

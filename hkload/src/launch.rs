@@ -293,6 +293,8 @@ impl ArgLayout {
                 wave_size: abi.wavefront_size,
                 compute_units: device.info().compute_units,
                 max_block_threads: abi.max_flat_workgroup_size,
+                // The ABI is the chosen code object's: its target says what it was built for.
+                arch_specific: abi.target.is_arch_specific(),
             },
             memo: Mutex::new(Memo {
                 valid: false,

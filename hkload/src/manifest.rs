@@ -4,7 +4,7 @@
 //! readable record, for people and other tools (`hkpack inspect` reads the index too).
 //!
 //! ```toml
-//! format_version = "1.5"
+//! format_version = "1.7"
 //! targets = ["gfx90a", "gfx942", "gfx950", "sm_80", "sm_90"]
 //!
 //! [package]
@@ -68,10 +68,13 @@ pub const ABI_EXTENSION: &str = "abi.toml";
 /// BLAKE3 digest beside the SHA-256 of every module file and code image ([`crate::digest`]),
 /// which hkload checks instead on its load path, and a part of the lookup table that holds
 /// each image's, 1.6 a part of the lookup table that holds each module's not-built targets, so
-/// that choosing code objects for a device one of them skips reads no manifest; hkload
-/// reads 1.1 and 1.2 indexes too (their kernels launch only with explicit dimensions), and no
-/// bundle without an index (see [`crate::bundle`]).
-pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 6 };
+/// that choosing code objects for a device one of them skips reads no manifest, 1.7
+/// architecture-specific targets (`sm_90a`) among the targets and entry IDs, and the contract
+/// fact `arch_specific` (no layout changed: a 1.6 reader refuses such a bundle when it parses
+/// its first `sm_90a` entry or binds such a contract, and this one reads 1.6 bundles as
+/// before); hkload reads 1.1 and 1.2 indexes too (their kernels launch only with explicit
+/// dimensions), and no bundle without an index (see [`crate::bundle`]).
+pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 7 };
 
 /// The first minor format that records BLAKE3 digests.
 pub const BLAKE3_SINCE: u32 = 5;

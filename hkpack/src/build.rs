@@ -206,7 +206,7 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
     let mut per_module: Vec<_> = package
         .modules
         .iter()
-        .filter(|m| targets.iter().any(|t| !m.skip_targets.contains_key(t)))
+        .filter(|m| targets.iter().any(|t| m.builds_for(t)))
         .map(|m| (m, Vec::new()))
         .collect();
     for (job, output) in jobs.iter().zip(outputs) {
@@ -255,17 +255,18 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
     })
 }
 
-/// A module that skips every target of the build (`--arch gfx942` and an FP8 module for OCP
-/// targets, say) has no code in it: it is left out of the bundle, with a warning naming its
-/// reasons. A build of which every module is left out is an error: it would ship nothing.
+/// A module that is built for no target of the build (`--arch gfx942` and an FP8 module for
+/// OCP targets, say, or `--arch sm_90a` and a module without sm_90a code) has no code in it:
+/// it is left out of the bundle, with a warning naming its reasons. A build of which every
+/// module is left out is an error: it would ship nothing.
 fn modules_without_targets(package: &Package, targets: &[TargetId]) -> Result<Vec<String>, Error> {
     let mut warnings = Vec::new();
     for module in &package.modules {
-        if targets.iter().all(|t| module.skip_targets.contains_key(t)) {
-            let reasons: Vec<String> = targets
-                .iter()
-                .map(|t| format!("{t}: {}", module.skip_targets[t]))
-                .collect();
+        let reasons: Option<Vec<String>> = targets
+            .iter()
+            .map(|t| Some(format!("{t}: {}", module.not_built_reason(t)?)))
+            .collect();
+        if let Some(reasons) = reasons {
             warnings.push(format!(
                 "module `{}` is left out of the bundle: it skips every target of this build ({})",
                 module.name,

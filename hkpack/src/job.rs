@@ -58,12 +58,13 @@ pub mod outputs {
 const PROBE: &str = "probe.hip";
 
 /// Every job of a build, modules in manifest order, targets in the order requested, but for
-/// the targets a module skips.
+/// the targets a module is not built for (those it skips, and the architecture-specific ones
+/// it does not ask for: see [`Module::arch_specific`]).
 pub fn plan<'p>(package: &'p Package, targets: &[TargetId]) -> Vec<Job<'p>> {
     let mut jobs = Vec::with_capacity(package.modules.len() * targets.len());
     for module in &package.modules {
         for target in targets {
-            if module.skip_targets.contains_key(target) {
+            if !module.builds_for(target) {
                 continue;
             }
             let mut job = Job {

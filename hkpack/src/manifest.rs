@@ -6,6 +6,7 @@
 
 mod contract;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -58,6 +59,16 @@ pub struct Module {
     /// `skip_targets`: the targets the module is not built for, each with the reason the
     /// bundle records and `explain` prints (FP8 kernels have no code before sm_89).
     pub skip_targets: BTreeMap<TargetId, String>,
+    /// `arch_specific`: the architecture-specific targets (`sm_90a`) the module is built for
+    /// as well, when the build's targets include them; in the manifest's order.
+    ///
+    /// Why a module opts in rather than out: only code written for such a target (behind
+    /// `HK_SM90A`) gains from it. Every other module would build the same code twice, doubling
+    /// NVIDIA build time and bundle size, while its portable code (`sm_90`) serves those
+    /// devices anyway. So a module that does not list a target here is simply not built for
+    /// it, and the bundle records nothing about it: it is no `skip_targets` reason, and
+    /// `explain` shows the portable code chosen, as it would without the target.
+    pub arch_specific: Vec<TargetId>,
 }
 
 /// A kernel the module promises, with its declared signature.
@@ -135,6 +146,9 @@ struct RawModule {
     /// Target name to the reason the module is not built for it.
     #[serde(default)]
     skip_targets: BTreeMap<Spanned<String>, Spanned<String>>,
+    /// Architecture-specific targets the module is built for too (`["sm_90a"]`).
+    #[serde(default)]
+    arch_specific: Vec<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -465,9 +479,41 @@ impl Module {
                 },
             );
         }
+        let mut arch_specific: Vec<TargetId> = Vec::new();
+        for target in &raw.module.arch_specific {
+            let id = file.target(target)?;
+            if !id.is_arch_specific() {
+                return Err(file.error(
+                    target.span(),
+                    format!("{id} is a portable target, which every module is built for; `arch_specific` lists architecture-specific targets such as sm_90a"),
+                ));
+            }
+            if arch_specific.contains(&id) {
+                return Err(file.error(
+                    target.span(),
+                    format!("{id} is listed twice in `arch_specific`"),
+                ));
+            }
+            arch_specific.push(id);
+        }
+        for (target, _) in &raw.targets {
+            let id = file.target(target)?;
+            if id.is_arch_specific() && !arch_specific.contains(&id) {
+                return Err(file.error(
+                    target.span(),
+                    format!("module `{name}` has a [target.{id}] override, but it is built for {id} only if `arch_specific` lists it; add `arch_specific = [\"{id}\"]` to [module] or remove the override"),
+                ));
+            }
+        }
         let mut skip_targets = BTreeMap::new();
         for (target, reason) in &raw.module.skip_targets {
             let id = file.target(target)?;
+            if id.is_arch_specific() {
+                return Err(file.error(
+                    target.span(),
+                    format!("module `{name}` skips {id}, but a module is built for an architecture-specific target only if its `arch_specific` lists it; remove {id} from skip_targets"),
+                ));
+            }
             if reason.get_ref().trim().is_empty() {
                 return Err(file.error(
                     reason.span(),
@@ -494,6 +540,27 @@ impl Module {
             kernels,
             overrides,
             skip_targets,
+            arch_specific,
+        })
+    }
+
+    /// Whether the module is built for `target`: one of the build's targets that it neither
+    /// skips nor, being architecture-specific, leaves out of `arch_specific`.
+    pub fn builds_for(&self, target: &TargetId) -> bool {
+        self.not_built_reason(target).is_none()
+    }
+
+    /// Why the module is not built for `target`, or `None` when it is: the manifest's
+    /// `skip_targets` reason, or the target being architecture-specific and not one the module
+    /// lists in `arch_specific`.
+    pub fn not_built_reason(&self, target: &TargetId) -> Option<Cow<'_, str>> {
+        if let Some(reason) = self.skip_targets.get(target) {
+            return Some(Cow::Borrowed(reason));
+        }
+        (target.is_arch_specific() && !self.arch_specific.contains(target)).then(|| {
+            Cow::Owned(format!(
+                "architecture-specific, and the module's `arch_specific` does not list it"
+            ))
         })
     }
 }

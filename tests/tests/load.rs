@@ -768,7 +768,7 @@ fn an_empty_kernel_record_far_outside_the_index_is_refused_even_with_its_digest_
 fn a_damaged_format_version_reads_as_damage() {
     let (_package, dir) = small_bundle(false);
     let index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
-    // The version string is a MessagePack fixstr at the file's start: 0xa3, then `1.6`.
+    // The version string is a MessagePack fixstr at the file's start: 0xa3, then `1.7`.
     let version = [&[0xa3][..], FORMAT_VERSION.to_string().as_bytes()].concat();
     assert_eq!(index[..4], version);
     let with_version = |text: &[u8; 3]| leak([&[0xa3][..], text, &index[4..]].concat());
@@ -785,7 +785,7 @@ fn a_damaged_format_version_reads_as_damage() {
         (b"0.3", "SHA-256"),
         (b"1.2", "SHA-256"),
         (b"1.4", "SHA-256"),
-        (b"1.7", "BLAKE3"),
+        (b"1.8", "BLAKE3"),
         (b"1,5", "SHA-256"),
     ] {
         let error = open(with_version(text), OpenOptions::default());

@@ -86,16 +86,26 @@ pub enum Fact {
     ComputeUnits,
     /// The most threads a block of this kernel may have on the chosen code object.
     MaxBlockThreads,
+    /// 1 when the chosen code object is built for an architecture-specific target (`sm_90a`),
+    /// else 0: such code may tile differently from the portable code of the same kernel (the
+    /// same symbol and signature), so its launch shape and shared memory may differ too.
+    ArchSpecific,
 }
 
 impl Fact {
-    pub const ALL: [Fact; 3] = [Self::WaveSize, Self::ComputeUnits, Self::MaxBlockThreads];
+    pub const ALL: [Fact; 4] = [
+        Self::WaveSize,
+        Self::ComputeUnits,
+        Self::MaxBlockThreads,
+        Self::ArchSpecific,
+    ];
 
     pub const fn name(self) -> &'static str {
         match self {
             Self::WaveSize => "wave_size",
             Self::ComputeUnits => "compute_units",
             Self::MaxBlockThreads => "max_block_threads",
+            Self::ArchSpecific => "arch_specific",
         }
     }
 }

@@ -442,6 +442,8 @@ pub struct Facts {
     pub wave_size: u32,
     pub compute_units: u32,
     pub max_block_threads: u32,
+    /// Whether the code object is built for an architecture-specific target (`sm_90a`).
+    pub arch_specific: bool,
 }
 
 /// Why a contract could not be evaluated, or said no.
@@ -609,6 +611,7 @@ impl Run<'_> {
             Slot::Fact(Fact::WaveSize) => i64::from(self.facts.wave_size),
             Slot::Fact(Fact::ComputeUnits) => i64::from(self.facts.compute_units),
             Slot::Fact(Fact::MaxBlockThreads) => i64::from(self.facts.max_block_threads),
+            Slot::Fact(Fact::ArchSpecific) => i64::from(self.facts.arch_specific),
         })
     }
 
@@ -906,7 +909,7 @@ mod tests {
             let signature = signature();
             match Program::bind(&contract(expr.clone()), &signature) {
                 Ok(program) => {
-                    let facts = Facts { wave_size: 32, compute_units: 132, max_block_threads: 1024 };
+                    let facts = Facts { wave_size: 32, compute_units: 132, max_block_threads: 1024, arch_specific: false };
                     let mut run = program.run(&args, &facts);
                     let got = run.slot::<Quiet>(Slot::Let(0)).ok();
                     prop_assert_eq!(got.is_some(), run.slot::<Explained>(Slot::Let(0)).is_ok());
