@@ -2,7 +2,10 @@
 //! manifest: code size, registers, shared memory (LDS), scratch, spills, wave size, and each
 //! kernel's launch contract (`--kernel NAME` shows one kernel whole); and the check of its
 //! module files that `inspect` and `explain` make, since what they print is about those files
-//! but comes from the index alone.
+//! but comes from the index alone. [`main_loop`]: what the AMD matrix kernels' main loops
+//! do, statically (`--main-loops`).
+
+pub mod main_loop;
 
 use std::fmt;
 use std::path::Path;

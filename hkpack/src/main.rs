@@ -34,6 +34,11 @@ enum Command {
         /// its kernel's launch contract, every target a module skips with the reason.
         #[arg(long)]
         json: bool,
+        /// Show every AMD matrix kernel's main loop instead (with --kernel, one kernel's): its
+        /// instruction mix and the matrix unit's share of its cycles as llvm-mca simulates them
+        /// with LLVM's model of each processor (needs llvm-22).
+        #[arg(long)]
+        main_loops: bool,
     },
     /// Check every file of a bundle, or of a set of its packages, against every digest its
     /// index records, a line per file. Exits 0 when every file is intact, 1 when any is
@@ -218,8 +223,26 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
             bundle: dir,
             kernel,
             json,
+            main_loops,
         } => {
             let bundle = Bundle::open(&dir)?;
+            if main_loops {
+                let report = inspect::main_loop::LlvmTools::discover()
+                    .and_then(|tools| inspect::main_loop::report(&dir, &tools, kernel.as_deref()));
+                let report = match report {
+                    Ok(report) => report,
+                    Err(problem) => {
+                        eprintln!("error: {problem}");
+                        return Ok(ExitCode::FAILURE);
+                    }
+                };
+                emit(&if json {
+                    to_json(&report)
+                } else {
+                    inspect::main_loop::table(&report)
+                });
+                return Ok(module_files_verdict(&bundle, &dir)?);
+            }
             match kernel {
                 Some(symbol) => {
                     let view = inspect::kernel(&bundle, &symbol)?;
