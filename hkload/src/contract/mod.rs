@@ -86,9 +86,10 @@ pub enum Fact {
     ComputeUnits,
     /// The most threads a block of this kernel may have on the chosen code object.
     MaxBlockThreads,
-    /// 1 when the chosen code object is built for an architecture-specific target (`sm_90a`),
-    /// else 0: such code may tile differently from the portable code of the same kernel (the
-    /// same symbol and signature), so its launch shape and shared memory may differ too.
+    /// A condition, true (1) when the chosen code object is built for an architecture-specific
+    /// target (`sm_90a`), else false (0): such code may tile differently from the portable
+    /// code of the same kernel (the same symbol and signature), so its launch shape and shared
+    /// memory may differ too: `block = "arch_specific ? 256 : 128"`.
     ArchSpecific,
 }
 

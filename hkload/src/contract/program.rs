@@ -203,6 +203,14 @@ impl Program {
     }
 }
 
+/// What a fact is: a count, or (`arch_specific`) a condition, which evaluates to 1 or 0.
+const fn fact_type(fact: Fact) -> Ty {
+    match fact {
+        Fact::WaveSize | Fact::ComputeUnits | Fact::MaxBlockThreads => Ty::Int,
+        Fact::ArchSpecific => Ty::Bool,
+    }
+}
+
 /// The integer type of a parameter a contract may read, if it is one.
 fn integer(param: &Param) -> Option<ScalarType> {
     match param.ty {
@@ -398,7 +406,7 @@ impl<'a> Binder<'a> {
             return Ok((Slot::Let(i as u16), self.lets[i].1));
         }
         if let Some(fact) = Fact::ALL.into_iter().find(|f| f.name() == name) {
-            return Ok((Slot::Fact(fact), Ty::Int));
+            return Ok((Slot::Fact(fact), fact_type(fact)));
         }
         if let Some(i) = self.signature.iter().position(|p| p.name == name) {
             let param = &self.signature[i];
