@@ -774,6 +774,30 @@ mod tests {
         }
     }
 
+    #[test]
+    fn arch_specific_is_a_condition_read_from_the_facts() {
+        let signature = signature();
+        let text = |t: &str| t.parse::<Expr>().unwrap();
+        let program = Program::bind(&contract(text("arch_specific ? 128 : 64")), &signature)
+            .unwrap_or_else(|e| panic!("{e}"));
+        for (arch_specific, expected) in [(true, 128), (false, 64)] {
+            let facts = Facts {
+                wave_size: 32,
+                compute_units: 132,
+                max_block_threads: 1024,
+                arch_specific,
+            };
+            let mut run = program.run(&[0; 3], &facts);
+            assert_eq!(run.slot::<Quiet>(Slot::Let(0)).ok(), Some(expected));
+        }
+        // A condition, not a count: arithmetic on it is refused when the manifest is built.
+        let error = Program::bind(&contract(text("arch_specific * 64")), &signature).unwrap_err();
+        assert!(
+            error.message.contains("`arch_specific` is a condition where an integer is needed"),
+            "{error}"
+        );
+    }
+
     /// The reference: exact arithmetic in i128, refusing any value outside i64 (the checked
     /// evaluator's only faults), division by zero included.
     fn reference(expr: &Expr, args: &[i64; 3]) -> Option<i128> {
