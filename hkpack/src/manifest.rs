@@ -496,7 +496,7 @@ impl Module {
             }
             arch_specific.push(id);
         }
-        for (target, _) in &raw.targets {
+        for target in raw.targets.keys() {
             let id = file.target(target)?;
             if id.is_arch_specific() && !arch_specific.contains(&id) {
                 return Err(file.error(
@@ -557,11 +557,11 @@ impl Module {
         if let Some(reason) = self.skip_targets.get(target) {
             return Some(Cow::Borrowed(reason));
         }
-        (target.is_arch_specific() && !self.arch_specific.contains(target)).then(|| {
-            Cow::Owned(format!(
-                "architecture-specific, and the module's `arch_specific` does not list it"
-            ))
-        })
+        (target.is_arch_specific() && !self.arch_specific.contains(target)).then_some(
+            Cow::Borrowed(
+                "architecture-specific, and the module's `arch_specific` does not list it",
+            ),
+        )
     }
 }
 

@@ -228,8 +228,8 @@ fn the_contract_reads_whether_the_chosen_code_is_arch_specific() {
         let loaded = bundle.load(&device).unwrap();
         assert_eq!(loaded.chosen_entry("tiles"), Some(&cuda(expected)));
         let kernel = loaded.kernel("tiles").unwrap();
-        let mut out = device.alloc(ScalarType::F32, 1000).unwrap();
-        let args = [Arg::BufferMut(&mut out), 1000u32.into()];
+        let out = device.alloc(ScalarType::F32, 1000).unwrap();
+        let args = [Arg::BufferMut(&out), 1000u32.into()];
         let block = if expected == "sm_90a" { 128 } else { 64 };
         assert_eq!(
             kernel.launch_shape(&args).unwrap(),
@@ -278,9 +278,9 @@ fn without_sm_90a_every_device_chooses_as_before() {
     // Built without sm_90a, `tiles` launches with its portable shape on sm_90.
     let device = simulated("sm_90");
     let kernel = without.load(&device).unwrap().kernel("tiles").unwrap();
-    let mut out = device.alloc(ScalarType::F32, 64).unwrap();
+    let out = device.alloc(ScalarType::F32, 64).unwrap();
     let shape = kernel
-        .launch_shape(&[Arg::BufferMut(&mut out), 64u32.into()])
+        .launch_shape(&[Arg::BufferMut(&out), 64u32.into()])
         .unwrap();
     assert_eq!(shape.block, [64, 1, 1]);
 }
