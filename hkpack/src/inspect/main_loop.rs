@@ -16,11 +16,15 @@
 //!    first, which is what LLVM does for the single-block and rotated loops of our kernels.
 //! 3. **Two views of it.** The *body* is every instruction of the loop, every path at once, as
 //!    straight-line code. The *aligned path* is the one a steady-state step takes when every
-//!    row is 16-byte aligned: from the header, it falls through conditional branches (no exit,
+//!    row is aligned for the vector copies: from the header, it falls through conditional branches (no exit,
 //!    no skipped work), follows forward `s_branch`es, and takes each `s_cbranch_execz` that
 //!    skips a region holding exec-mask branches of its own: that region is an element-by-
 //!    element fallback (one exec-masked load per element), which no lane runs when all are
-//!    aligned. It is reported only where it differs from the body.
+//!    aligned. It runs to the loop's last latch, so where a step may branch back early it
+//!    counts the longer way: the BF16 GEMM's next-stage LDS writes (skipped only by the last
+//!    step), and the weight-only kernels' scaling at the end of each 128-deep group (once
+//!    every few steps), which makes their share a lower bound. It is reported only where it
+//!    differs from the body.
 //! 4. **Instruction mix** of each view: MFMAs, vector memory (`global_`, `buffer_`, `flat_`,
 //!    `scratch_`, `image_`), LDS (`ds_`), branches, waits (`s_waitcnt*`), other scalar
 //!    (`s_`), other vector ALU (`v_`).
@@ -188,8 +192,8 @@ pub struct MainLoop {
     pub end: u64,
     /// Every instruction of the loop, every path at once.
     pub body: LoopView,
-    /// The path a steady-state step takes when every row is 16-byte aligned (see the module's
-    /// doc); `None` where it is the whole body.
+    /// The path a steady-state step takes when every row is aligned for the vector copies
+    /// (see the module's doc); `None` where it is the whole body.
     pub aligned_path: Option<LoopView>,
 }
 
@@ -809,7 +813,7 @@ pub fn table(report: &MainLoopReport) -> String {
     }
     out.push_str(&format!(
         "body: every instruction of the loop; aligned: the path of a step whose rows are all \
-         16-byte aligned; no loop: no loop holds the kernel's MFMAs. cycles: llvm-mca's per iteration ({ITERATIONS} iterations, {}); \
+         aligned for the vector copies; no loop: no loop holds the kernel's MFMAs. cycles: llvm-mca's per iteration ({ITERATIONS} iterations, {}); \
          share: the matrix unit's (HWXDL) busy cycles over those.\n",
         report.llvm
     ));
