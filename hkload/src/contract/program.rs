@@ -793,7 +793,9 @@ mod tests {
         // A condition, not a count: arithmetic on it is refused when the manifest is built.
         let error = Program::bind(&contract(text("arch_specific * 64")), &signature).unwrap_err();
         assert!(
-            error.message.contains("`arch_specific` is a condition where an integer is needed"),
+            error
+                .message
+                .contains("`arch_specific` is a condition where an integer is needed"),
             "{error}"
         );
     }
