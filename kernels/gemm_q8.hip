@@ -46,6 +46,7 @@
 // element.
 #include "hk/fp8.h"
 #include "hk/hk.h"
+#include "hk/tile/pipeline.h"
 #include "hk/tile/tile.h"
 
 namespace {
@@ -356,6 +357,117 @@ HK_DEVICE void gemm_q8(Out* __restrict__ c, const T* __restrict__ a, const TB* _
   });
 }
 
+#if HK_SM90A
+// sm_90a, i8 and E4M3 (not weight-only, which widens B on the way): wgmma programs over
+// hk/tile/pipeline.h, as gemm.hip's: blocks of 128 x 256 of C, K in steps of 128 (one 128-byte
+// swizzled row), 4 stages of 48 KiB, one producer and two consumer warpgroups of 64 rows (128
+// sums a thread). Block scales fold each 128-deep group (one step) into a second set of sums
+// once its wgmma are done, so they take 128 x 128 blocks (2 x 64 sums a thread).
+template <Scales kScales> constexpr unsigned kWgmmaTileN = grouped(kScales) ? 128 : 256;
+
+template <typename T, Scales kScales, bool kBias>
+struct WgmmaQ8 : hk::tile::WgmmaNt<T, 128, kWgmmaTileN<kScales>, 4> {
+  using Base = hk::tile::WgmmaNt<T, 128, kWgmmaTileN<kScales>, 4>;
+  static_assert(!grouped(kScales) || Base::kTileK == kScaleGroup, "a step is one scale group");
+  hk::bf16* c;
+  const float *a_scale, *b_scale;
+  const hk::bf16* bias;
+  unsigned m, n, ldc, groups;
+  float total[grouped(kScales) ? Base::kTileN / 2 : 1];  // block scales: the folded groups
+
+  HK_DEVICE void start() {
+#pragma unroll
+    for (float& t : total) t = 0.0f;
+  }
+
+  // Without block scales the sums run over all of K; with them each step starts afresh.
+  HK_DEVICE void multiply(const typename Base::Stage& s, unsigned consumer) {
+    Base::multiply(s, consumer, grouped(kScales) ? 0 : 1);
+  }
+
+  // Block scales: total += (the step's group sums) · a_scale[row][g] · b_scale[col0 / 128][g].
+  HK_DEVICE void step_done(unsigned group, unsigned consumer) {
+    if constexpr (grouped(kScales)) {
+      namespace wg = hk::tile::wgmma;
+      wg::wait<0>();
+      wg::pin(this->acc);
+      const float b_group = b_scale[this->col0 / kScaleGroup * groups + group];
+      // A thread's sums lie in two rows (Layout::row of v = 0 and 2): one scale each. Rows past
+      // m read the last row's scale; they sum only the zero fill and are never stored.
+      float row_scale[2];
+#pragma unroll
+      for (unsigned i = 0; i < 2; ++i) {
+        const unsigned row = this->row0 + 64 * consumer + wg::Layout::row(2 * i);
+        row_scale[i] = a_scale[(row < m ? row : m - 1) * groups + group] * b_group;
+      }
+#pragma unroll
+      for (unsigned v = 0; v < Base::kTileN / 2; ++v) total[v] += this->acc[v] * row_scale[v / 2 % 2];
+    }
+  }
+
+  // sum · a_scale · b_scale (+ bias), in the order the reference states (as gemm_q8 does).
+  HK_DEVICE void finish(unsigned consumer) {
+    hk::tile::wgmma::pin(this->acc);
+    const float tensor_scale = kScales == Scales::kPerTensor ? a_scale[0] * b_scale[0] : 0.0f;
+    hk::tile::store_pairs(
+        c, m, n, ldc, *this, consumer, [&](unsigned v, unsigned row, unsigned column) HK_INLINE {
+          float x = grouped(kScales) ? total[v] : static_cast<float>(this->acc[v]);
+          if constexpr (kScales == Scales::kPerTensor)
+            x *= tensor_scale;
+          else if constexpr (kScales == Scales::kPerToken)
+            x = x * a_scale[row] * b_scale[column];
+          if constexpr (kBias) x += hk::to_float(bias[column]);
+          return x;
+        });
+  }
+};
+
+// The contracts (manifests/gemm_a8w8.toml, gemm_fp8_e4m3fn.toml) give these kernels this much
+// dynamic shared memory on sm_90a.
+static_assert(WgmmaQ8<hk::i8, Scales::kPerToken, false>::Ring::kSharedBytes == 197696 &&
+                  WgmmaQ8<hk::fp8_e4m3fn, Scales::kPerTensor, true>::Ring::kSharedBytes == 197696 &&
+                  WgmmaQ8<hk::fp8_e4m3fn, Scales::kBlock, true>::Ring::kSharedBytes == 132160,
+              "the wgmma rings no longer match the `shared` of the 8-bit GEMMs' contracts");
+constexpr unsigned kWgmmaThreads = WgmmaQ8<hk::i8, Scales::kPerToken, false>::kThreads;
+
+template <typename T, Scales kScales, bool kBias, GridZ kZ>
+HK_DEVICE void gemm_q8_wgmma(hk::bf16* __restrict__ c, const T* __restrict__ a,
+                             const T* __restrict__ b, const float* __restrict__ a_scale,
+                             const float* __restrict__ b_scale, const hk::bf16* __restrict__ bias,
+                             unsigned m, unsigned n, unsigned k, unsigned lda, unsigned ldb,
+                             unsigned ldc, BatchStrides strides) {
+  static_assert(kZ != GridZ::kSplitK, "the wgmma program has no split-K role");
+  using Program = WgmmaQ8<T, kScales, kBias>;
+  if constexpr (kZ == GridZ::kBatch) {
+    const unsigned long long p = hk::block_idx_z();
+    a += p * strides.a;
+    b += p * strides.b;
+    c += p * strides.c;
+    a_scale += p * m;
+    b_scale += p * n;
+  }
+  const hk::tile::BlockTile tile = hk::tile::block_tile();
+  Program p{{{a, m, k, lda}, {b, n, k, ldb}, tile.m * Program::kTileM, tile.n * Program::kTileN},
+            c, a_scale, b_scale, bias, m, n, ldc, (k + kScaleGroup - 1) / kScaleGroup};
+  p.start();
+  hk::tile::run_pipeline<typename Program::Ring>(p, Program::steps(k));
+}
+#endif
+
+// The i8 and FP8 kernels' program: gemm_q8, or on sm_90a the wgmma program.
+template <typename T, Scales kScales, bool kBias, GridZ kZ = GridZ::kNone>
+HK_DEVICE void q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
+                  const float* __restrict__ a_scale, const float* __restrict__ b_scale,
+                  const hk::bf16* __restrict__ bias, unsigned m, unsigned n, unsigned k,
+                  unsigned lda, unsigned ldb, unsigned ldc, BatchStrides strides = {}) {
+#if HK_SM90A
+  gemm_q8_wgmma<T, kScales, kBias, kZ>(c, a, b, a_scale, b_scale, bias, m, n, k, lda, ldb, ldc,
+                                       strides);
+#else
+  gemm_q8<T, kScales, kBias, kZ>(c, a, b, a_scale, b_scale, bias, m, n, k, lda, ldb, ldc, strides);
+#endif
+}
+
 }  // namespace
 
 // One block per SM / CU at least: asking for two of eight waves (128 registers a thread on
@@ -363,29 +475,35 @@ HK_DEVICE void gemm_q8(Out* __restrict__ c, const T* __restrict__ a, const TB* _
 // refuses. Tl is the kernel's Tiling.
 #define HK_Q8_ENTRY(name, Tl) \
   HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Tl::kThreads, 1) void name
+// The i8 and FP8 kernels' entries: on sm_90a the wgmma program's block.
+#if HK_SM90A
+#define HK_Q8_WG_ENTRY(name, Tl) \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kWgmmaThreads, 1) void name
+#else
+#define HK_Q8_WG_ENTRY(name, Tl) HK_Q8_ENTRY(name, Tl)
+#endif
 #define HK_Q8_SIZES unsigned m, unsigned n, unsigned k, unsigned lda, unsigned ldb, unsigned ldc
 #define HK_Q8_PARAMS(T) \
   hk::bf16 *c, const T *a, const T *b, const float *a_scale, const float *b_scale
 // HK_Q8 expands its arguments before HK_Q8_PAIR pastes onto the name.
 #define HK_Q8(name, T, kScales) HK_Q8_PAIR(name, T, kScales)
-#define HK_Q8_PAIR(name, T, kScales)                                                        \
-  HK_Q8_ENTRY(name##_bf16, Tiling<kScales>)(HK_Q8_PARAMS(T), HK_Q8_SIZES) {                 \
-    gemm_q8<T, kScales, false>(c, a, b, a_scale, b_scale, nullptr, m, n, k, lda, ldb, ldc); \
-  }                                                                                         \
-  HK_Q8_ENTRY(name##_bias_bf16, Tiling<kScales>)(HK_Q8_PARAMS(T), const hk::bf16* bias,     \
-                                                 HK_Q8_SIZES) {                             \
-    gemm_q8<T, kScales, true>(c, a, b, a_scale, b_scale, bias, m, n, k, lda, ldb, ldc);     \
+#define HK_Q8_PAIR(name, T, kScales)                                                      \
+  HK_Q8_WG_ENTRY(name##_bf16, Tiling<kScales>)(HK_Q8_PARAMS(T), HK_Q8_SIZES) {            \
+    q8<T, kScales, false>(c, a, b, a_scale, b_scale, nullptr, m, n, k, lda, ldb, ldc);    \
+  }                                                                                       \
+  HK_Q8_WG_ENTRY(name##_bias_bf16, Tiling<kScales>)(HK_Q8_PARAMS(T), const hk::bf16* bias, \
+                                                    HK_Q8_SIZES) {                        \
+    q8<T, kScales, true>(c, a, b, a_scale, b_scale, bias, m, n, k, lda, ldb, ldc);        \
   }
 
 // The batched per-token GEMM: the batch's size is the grid's z.
 #define HK_Q8_BATCHED(name, T)                                                                 \
-  HK_Q8_ENTRY(name##_bf16, Tiling<Scales::kPerToken>)(                                         \
+  HK_Q8_WG_ENTRY(name##_bf16, Tiling<Scales::kPerToken>)(                                      \
       HK_Q8_PARAMS(T), HK_Q8_SIZES, unsigned batch, unsigned long long stride_a,               \
       unsigned long long stride_b, unsigned long long stride_c) {                              \
     (void)batch; /* the grid's z */                                                            \
-    gemm_q8<T, Scales::kPerToken, false, GridZ::kBatch>(c, a, b, a_scale, b_scale, nullptr, m, \
-                                                        n, k, lda, ldb, ldc,                   \
-                                                        {stride_a, stride_b, stride_c});       \
+    q8<T, Scales::kPerToken, false, GridZ::kBatch>(c, a, b, a_scale, b_scale, nullptr, m, n, k, \
+                                                   lda, ldb, ldc, {stride_a, stride_b, stride_c}); \
   }
 
 // The weight-only GEMMs of one FP8 format: A bf16, B FP8, block scales for B alone; C in bf16,

@@ -70,6 +70,31 @@ HK_DEVICE void for_each_chunk(const GlobalMatrix<T>& g, unsigned row0, unsigned 
     f(i, c, g.row(row0 + c.row) + col0 + c.col);
   }
 }
+
+// for_each_chunk for a thread with few registers (the producer warpgroup of
+// hk/tile/pipeline.h, which keeps 40): each thread takes one chunk column of the tile, every
+// kThreads / kChunksPerRow rows, walking one pointer down the rows, and calls
+// f(row, col, src, valid). (for_each_chunk lets the compiler keep every chunk's address across
+// a K loop, a register pair each, which spills there.)
+template <class Tile, unsigned kThreads, typename T, typename F>
+HK_DEVICE void for_each_chunk_lean(const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
+                                   unsigned thread, F f) {
+  constexpr unsigned kRowStep = kThreads / Tile::kChunksPerRow;
+  static_assert(kThreads % Tile::kChunksPerRow == 0 && Tile::kRows % kRowStep == 0,
+                "whole rows of chunks per round, whole rounds per tile");
+  const unsigned col = thread % Tile::kChunksPerRow * Tile::kChunk;
+  const unsigned rows_left = left(g.rows, row0), cols_left = left(g.cols, col0);
+  const unsigned valid = col < cols_left ? min_u(cols_left - col, Tile::kChunk) : 0;
+  unsigned row = thread / Tile::kChunksPerRow;
+  const T* src = g.row(row0 + row) + col0 + col;
+  const unsigned long long step = kRowStep * g.ld;
+#pragma unroll
+  for (unsigned i = 0; i < Tile::kRows / kRowStep; ++i, row += kRowStep, src += step) {
+    // Opaque to the optimizer, so that it advances one pointer instead of keeping one a row.
+    asm("" : "+l"(src));
+    f(row, col, src, row < rows_left ? valid : 0u);
+  }
+}
 }  // namespace detail
 
 #if HK_NVIDIA
@@ -95,6 +120,20 @@ HK_DEVICE void copy_async(Tile& s, const GlobalMatrix<T>& g, unsigned row0, unsi
   }
 }
 
+// copy_async with the lean walk (detail::for_each_chunk_lean), for a producer warpgroup.
+template <unsigned kThreads, class Tile, typename T>
+HK_DEVICE void copy_async_lean(Tile& s, const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
+                               unsigned thread) {
+  detail::for_each_chunk_lean<Tile, kThreads>(
+      g, row0, col0, thread,
+      [&](unsigned row, unsigned col, const T* src, unsigned valid) HK_INLINE {
+        __nvvm_cp_async_cg_shared_global_16(
+            (__attribute__((address_space(3))) void*)s.at(row, col),
+            (__attribute__((address_space(1))) const void*)(valid ? src : g.data),
+            static_cast<int>(valid * sizeof(T)));
+      });
+}
+
 // Closes the group of copies started since the last commit.
 HK_DEVICE void async_commit() { __nvvm_cp_async_commit_group(); }
 
@@ -116,6 +155,19 @@ HK_DEVICE void copy_elements(Tile& s, const GlobalMatrix<T>& g, unsigned row0, u
         // stores, a register each, which is what this copy is for avoiding.
 #pragma unroll 1
         for (unsigned e = 0; e < Tile::kChunk; ++e) to[e] = e < c.valid ? src[e] : T(0);
+      });
+}
+
+// copy_elements with the lean walk (detail::for_each_chunk_lean), for a producer warpgroup.
+template <unsigned kThreads, class Tile, typename T>
+HK_DEVICE void copy_elements_lean(Tile& s, const GlobalMatrix<T>& g, unsigned row0,
+                                  unsigned col0, unsigned thread) {
+  detail::for_each_chunk_lean<Tile, kThreads>(
+      g, row0, col0, thread,
+      [&](unsigned row, unsigned col, const T* src, unsigned valid) HK_INLINE {
+        T* to = s.at(row, col);
+#pragma unroll 1
+        for (unsigned e = 0; e < Tile::kChunk; ++e) to[e] = e < valid ? src[e] : T(0);
       });
 }
 
