@@ -16,7 +16,7 @@
 //! * Code for one vendor never runs on the other's GPUs.
 //! * Architecture-specific code ([`TargetId::is_arch_specific`], `sm_90a`) runs only on
 //!   devices of exactly its architecture (compute capability 9.0 for `sm_90a`: not 8.9, not
-//!   10.0, whatever its kind), and there, among entries that match equally well, it is chosen
+//!   10.0, be it a cubin or PTX), and there, among entries that match equally well, it is chosen
 //!   first: an `sm_90a` cubin over the `sm_90` cubin, which beats any PTX. Elsewhere the
 //!   device takes what it took without it. The rule asks the target, not the vendor or the
 //!   suffix, so `sm_100a` follows it unchanged.
