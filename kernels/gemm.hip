@@ -307,20 +307,22 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
 }
 
 #if HK_SM90A
-// sm_90a, B stored [N][K]: a wgmma program over hk/tile/pipeline.h. Blocks of 128 x 256 of C,
-// K in steps of 64 (a tile row is one 128-byte swizzled row), 4 stages of 48 KiB: a producer
-// warpgroup copies, two consumer warpgroups multiply 64 rows each (128 f32 sums a thread). C is
-// written two columns at a time where it is aligned for it (10% faster than one at a time on
-// the H100).
-template <typename T, typename Out, bool kBias>
-struct WgmmaGemm : hk::tile::WgmmaNt<T, 128, 256, 4> {
+// sm_90a, B stored [N][K]: a wgmma program over hk/tile/pipeline.h. Blocks of 128 x 256 of C
+// (wide) or, when those would leave most of the GPU idle (the contract decides, and the kernel
+// reads its choice off the grid), 128 x 128 (narrow); K in steps of 64 (a tile row is one
+// 128-byte swizzled row). A producer warpgroup copies, two consumer warpgroups multiply 64 rows
+// each (128 or 64 f32 sums a thread). On the H100: wide blocks in 4 stages of 48 KiB ran 430-460
+// TF/s at M >= 2048 (3 stages of lag: 376-401; narrow blocks there 354-382); at M = 64 and 128,
+// N = K = 4096, narrow blocks in 6 stages of 32 KiB ran 47 and 89 TF/s against 29 and 55.
+template <typename T, typename Out, bool kBias, unsigned kTileN, unsigned kStages>
+struct WgmmaGemm : hk::tile::WgmmaNt<T, 128, kTileN, kStages> {
   Out* c;
   unsigned m, n, ldc;
 
   // The sums start from the bias, or zero.
   HK_DEVICE void start(const T* __restrict__ bias) {
 #pragma unroll
-    for (unsigned v = 0; v < this->kTileN / 2; ++v) {
+    for (unsigned v = 0; v < kTileN / 2; ++v) {
       const unsigned column = this->col0 + hk::tile::wgmma::Layout::col(v);
       this->acc[v] = kBias && column < n ? hk::to_float(bias[column]) : 0.0f;
     }
@@ -332,31 +334,44 @@ struct WgmmaGemm : hk::tile::WgmmaNt<T, 128, 256, 4> {
                           [&](unsigned v, unsigned, unsigned) HK_INLINE { return this->acc[v]; });
   }
 };
-using WgmmaTiling = WgmmaGemm<hk::bf16, hk::bf16, false>;
+template <typename T, typename Out, bool kBias> using WideGemm = WgmmaGemm<T, Out, kBias, 256, 4>;
+template <typename T, typename Out, bool kBias> using NarrowGemm = WgmmaGemm<T, Out, kBias, 128, 6>;
+constexpr unsigned kWgmmaThreads = WideGemm<hk::bf16, hk::bf16, false>::kThreads;
 
 // The contracts (manifests/gemm.toml) give the _nt kernels this much dynamic shared memory on
-// sm_90a.
-static_assert(WgmmaGemm<hk::bf16, hk::bf16, false>::Ring::kSharedBytes == 197696 &&
-                  WgmmaGemm<hk::f16, float, true>::Ring::kSharedBytes == 197696,
-              "the wgmma ring no longer matches the `shared` of manifests/gemm.toml's contracts");
+// sm_90a, enough for either ring.
+static_assert(WideGemm<hk::bf16, hk::bf16, false>::Ring::kSharedBytes == 197696 &&
+                  NarrowGemm<hk::f16, float, true>::Ring::kSharedBytes == 197728 &&
+                  NarrowGemm<hk::bf16, hk::bf16, false>::kThreads == kWgmmaThreads,
+              "the wgmma rings no longer match the `shared` of manifests/gemm.toml's contracts");
+
+template <class Program, typename T, typename Out>
+HK_DEVICE void run_wgmma(Out* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
+                         const T* __restrict__ bias, unsigned m, unsigned n, unsigned k,
+                         unsigned lda, unsigned ldb, unsigned ldc) {
+  const hk::tile::BlockTile tile = hk::tile::block_tile();
+  Program p{{{a, m, k, lda}, {b, n, k, ldb}, tile.m * Program::kTileM, tile.n * Program::kTileN},
+            c, m, n, ldc};
+  if (hk::thread_idx_x() >= hk::tile::kWarpgroupThreads) p.start(bias);
+  hk::tile::run_pipeline<typename Program::Ring>(p, Program::steps(k));
+}
 
 template <typename T, typename Out, bool kBias, GridZ kZ>
 HK_DEVICE void gemm_wgmma(Out* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
                           const T* __restrict__ bias, unsigned m, unsigned n, unsigned k,
                           unsigned lda, unsigned ldb, unsigned ldc, BatchStrides strides = {}) {
   static_assert(kZ != GridZ::kSplitK, "the wgmma program has no split-K role");
-  using Program = WgmmaGemm<T, Out, kBias>;
   if constexpr (kZ == GridZ::kBatch) {
     const unsigned long long i = hk::block_idx_z();
     a += i * strides.a;
     b += i * strides.b;
     c += i * strides.c;
   }
-  const hk::tile::BlockTile tile = hk::tile::block_tile();
-  Program p{{{a, m, k, lda}, {b, n, k, ldb}, tile.m * Program::kTileM, tile.n * Program::kTileN},
-            c, m, n, ldc};
-  if (hk::thread_idx_x() >= hk::tile::kWarpgroupThreads) p.start(bias);
-  hk::tile::run_pipeline<typename Program::Ring>(p, Program::steps(k));
+  // More column blocks than 256-wide ones would need: the contract chose narrow blocks.
+  if (hk::grid_dim_x() > (n + 255) / 256)
+    run_wgmma<NarrowGemm<T, Out, kBias>>(c, a, b, bias, m, n, k, lda, ldb, ldc);
+  else
+    run_wgmma<WideGemm<T, Out, kBias>>(c, a, b, bias, m, n, k, lda, ldb, ldc);
 }
 #endif
 
@@ -382,7 +397,7 @@ HK_DEVICE void square(Out* __restrict__ c, const T* __restrict__ a, const T* __r
   HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Tl::kThreads, 2) void gemm_a16w16_##name
 #if HK_SM90A
 #define HK_SQUARE_BOUNDS(kB)                                                               \
-  HK_LAUNCH_BOUNDS_MIN_BLOCKS(kB == BLayout::kNK ? WgmmaTiling::kThreads : Square::kThreads, \
+  HK_LAUNCH_BOUNDS_MIN_BLOCKS(kB == BLayout::kNK ? kWgmmaThreads : Square::kThreads, \
                               kB == BLayout::kNK ? 1 : 2)
 #else
 #define HK_SQUARE_BOUNDS(kB) HK_LAUNCH_BOUNDS_MIN_BLOCKS(Square::kThreads, 2)

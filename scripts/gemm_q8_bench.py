@@ -4,6 +4,9 @@ torch's own 8-bit matmuls, in one run.
 
   gemm_fp8_e4m3fn_nt_{per_tensor,per_token}_bf16 against torch._scaled_mm (float8_e4m3fn, the
     same scales: per tensor, or per row of A and per column of B; bf16 out)
+  gemm_fp8_blockscale_e4m3fn_nt_bf16 (DeepSeek-V3's 1 x 128 and 128 x 128 block scales) against
+    torch._scaled_mm per token on the same inputs quantized per row (torch has no block-scaled
+    _scaled_mm here: the nearest peer, doing a little less work than ours)
   gemm_a8w8_nt_bf16 against torch._int_mm (int8 in, int32 out: the peer does no scaling, so it
     does a little less work than ours)
   gemm_a16w8_blockscale_e4m3fn_nt_bf16 (bf16 activations, FP8 weights with 128 x 128 block
@@ -58,6 +61,17 @@ def quantize_blocks(w: torch.Tensor):
     return (w / each).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale, each
 
 
+def quantize_groups(x: torch.Tensor):
+    """x [M][K] quantized to E4M3 with one f32 scale per 1 x 128 group of each row (the last
+    partial): the codes, the scales [M][ceil(K/128)], and each element's scale."""
+    m, k = x.shape
+    pad = torch.zeros(m, -(-k // 128) * 128, device=x.device)
+    pad[:, :k] = x.abs()
+    scale = (pad.reshape(m, -1, 128).amax(dim=2).float() / FP8_MAX).clamp(min=1e-12)
+    each = scale.repeat_interleave(128, 1)[:, :k]
+    return (x / each).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale, each
+
+
 def timed(fn, reps=20):
     fn()
     torch.cuda.synchronize()
@@ -97,7 +111,7 @@ def main() -> int:
     header = f"{'kernel':<10} {'M':>5} {'N':>6} {'K':>6} {'ours ms':>9} {'TF/s':>7} {'peer ms':>9} {'TF/s':>7} {'ratio':>6} {'worst':>6} {'peer':>6}"
     print(header)
     failed = 0
-    for kind in ("fp8 tensor", "fp8 token", "int8", "a16w8"):
+    for kind in ("fp8 tensor", "fp8 token", "fp8 block", "int8", "a16w8"):
         for m in MS:
             for n, k in SHAPES:
                 x = torch.randn(m, k, device="cuda")
@@ -109,6 +123,12 @@ def main() -> int:
                     sa, sb = torch.ones(m, device="cuda"), torch.ones(n, device="cuda")
                     decode = m <= 16
                     name = f"gemm_a16w8_blockscale{'_splitk' if decode else ''}_e4m3fn_nt_{'f32' if decode else 'bf16'}"
+                elif kind == "fp8 block":
+                    a, a_groups, a_each = quantize_groups(x)
+                    b, b_blocks, b_each = quantize_blocks(w)
+                    # Dequantized values are exact in f64; the sums' scales are then 1.
+                    sa, sb = torch.ones(m, device="cuda"), torch.ones(n, device="cuda")
+                    name = "gemm_fp8_blockscale_e4m3fn_nt_bf16"
                 elif kind == "int8":
                     a, sa = quantize(x, torch.int8, 127.0)
                     b, sb = quantize(w, torch.int8, 127.0)
@@ -130,12 +150,18 @@ def main() -> int:
                         c.zero_()
                     if kind == "a16w8":
                         kernels.call(name, c, a, b, b_scale, m, n, k, k, k, n)
+                    elif kind == "fp8 block":
+                        kernels.call(name, c, a, b, a_groups, b_blocks, m, n, k, k, k, n)
                     else:
                         kernels.call(name, c, a, b, sa, sb, m, n, k, k, k, n)
 
                 if kind == "a16w8":
                     dequantized = (b.float() * weight_scale).to(torch.bfloat16)
                     peer = lambda: torch.matmul(a, dequantized.t())
+                elif kind == "fp8 block":
+                    pa, psa = quantize(x, FP8, FP8_MAX)
+                    pb, psb = quantize(w, FP8, FP8_MAX)
+                    peer = lambda: torch._scaled_mm(pa, pb.t(), scale_a=psa[:, None], scale_b=psb[None, :], out_dtype=torch.bfloat16)
                 elif kind == "int8":
                     # torch._int_mm wants m > 16 on CUDA.
                     peer = (lambda: torch._int_mm(a, b.t())) if m > 16 else None
@@ -154,10 +180,12 @@ def main() -> int:
                     values = (a.float().double(), b.float().double())
                     if kind == "a16w8":
                         values = (values[0], values[1] * weight_scale.double())
+                    elif kind == "fp8 block":
+                        values = (values[0] * a_each.double(), values[1] * b_each.double())
                     ratio = check(c, *values, full(sa, m), full(sb, n))
                     failed += ratio > 1.0
                     worst = f"{ratio:.3f}"
-                    if kind.startswith("fp8"):  # _scaled_mm's own C against the same bound
+                    if kind in ("fp8 tensor", "fp8 token"):  # _scaled_mm's own C, the same bound
                         peer_worst = f"{check(peer(), *values, full(sa, m), full(sb, n)):.3f}"
                 tf = 2 * m * n * k / ms / 1e9
                 peer_cols = f"{'-':>9} {'-':>7} {'-':>6}"

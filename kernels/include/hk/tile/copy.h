@@ -9,6 +9,8 @@
 //     flight until async_wait; its src-size operand zero-fills the part of a chunk past the
 //     matrix's last column. Needs 16-byte aligned rows (data aligned, ld a multiple of a chunk).
 //   copy_elements (every target): element by element, global to shared, nothing staged.
+//   copy_async_lean, copy_elements_lean (NVIDIA): the same two for a thread with few registers
+//     (the producer warpgroup of hk/tile/pipeline.h), each thread walking one chunk column.
 //   StagedCopy (every target): fetch() loads into registers, store() writes them to shared
 //     memory later, so the loads of the next block overlap the math on this one. Reads 16
 //     bytes at once where the rows allow (vector = true and the chunk whole), element by
@@ -71,6 +73,32 @@ HK_DEVICE void for_each_chunk(const GlobalMatrix<T>& g, unsigned row0, unsigned 
   }
 }
 
+}  // namespace detail
+
+#if HK_NVIDIA
+// Starts copying the block of g at (row0, col0) into s (see the header); complete once
+// async_wait says so. g.vector_rows() must hold.
+template <unsigned kThreads, class Tile, typename T>
+HK_DEVICE void copy_async(Tile& s, const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
+                          unsigned thread) {
+  using Deal = detail::Deal<Tile, kThreads>;
+#pragma unroll
+  for (unsigned i = 0; i < Deal::kPerThread; ++i) {
+    if (Deal::skip(thread + i * kThreads)) break;
+    const detail::ChunkAt<Tile> c(thread + i * kThreads, detail::left(g.rows, row0),
+                                  detail::left(g.cols, col0));
+    // A chunk wholly outside reads nothing (src-size 0) but still needs a valid address. The
+    // size goes in as an int: a 64-bit value there crashed clang 22's NVPTX backend ("copy one
+    // register into another with a different width").
+    const T* src = c.valid ? g.row(row0 + c.row) + col0 + c.col : g.data;
+    __nvvm_cp_async_cg_shared_global_16(
+        (__attribute__((address_space(3))) void*)s.at(c.row, c.col),
+        (__attribute__((address_space(1))) const void*)src,
+        static_cast<int>(c.valid * sizeof(T)));
+  }
+}
+
+namespace detail {
 // for_each_chunk for a thread with few registers (the producer warpgroup of
 // hk/tile/pipeline.h, which keeps 40): each thread takes one chunk column of the tile, every
 // kThreads / kChunksPerRow rows, walking one pointer down the rows, and calls
@@ -97,29 +125,6 @@ HK_DEVICE void for_each_chunk_lean(const GlobalMatrix<T>& g, unsigned row0, unsi
 }
 }  // namespace detail
 
-#if HK_NVIDIA
-// Starts copying the block of g at (row0, col0) into s (see the header); complete once
-// async_wait says so. g.vector_rows() must hold.
-template <unsigned kThreads, class Tile, typename T>
-HK_DEVICE void copy_async(Tile& s, const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
-                          unsigned thread) {
-  using Deal = detail::Deal<Tile, kThreads>;
-#pragma unroll
-  for (unsigned i = 0; i < Deal::kPerThread; ++i) {
-    if (Deal::skip(thread + i * kThreads)) break;
-    const detail::ChunkAt<Tile> c(thread + i * kThreads, detail::left(g.rows, row0),
-                                  detail::left(g.cols, col0));
-    // A chunk wholly outside reads nothing (src-size 0) but still needs a valid address. The
-    // size goes in as an int: a 64-bit value there crashed clang 22's NVPTX backend ("copy one
-    // register into another with a different width").
-    const T* src = c.valid ? g.row(row0 + c.row) + col0 + c.col : g.data;
-    __nvvm_cp_async_cg_shared_global_16(
-        (__attribute__((address_space(3))) void*)s.at(c.row, c.col),
-        (__attribute__((address_space(1))) const void*)src,
-        static_cast<int>(c.valid * sizeof(T)));
-  }
-}
-
 // copy_async with the lean walk (detail::for_each_chunk_lean), for a producer warpgroup.
 template <unsigned kThreads, class Tile, typename T>
 HK_DEVICE void copy_async_lean(Tile& s, const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
@@ -131,6 +136,19 @@ HK_DEVICE void copy_async_lean(Tile& s, const GlobalMatrix<T>& g, unsigned row0,
             (__attribute__((address_space(3))) void*)s.at(row, col),
             (__attribute__((address_space(1))) const void*)(valid ? src : g.data),
             static_cast<int>(valid * sizeof(T)));
+      });
+}
+
+// copy_elements with the lean walk (detail::for_each_chunk_lean), for a producer warpgroup.
+template <unsigned kThreads, class Tile, typename T>
+HK_DEVICE void copy_elements_lean(Tile& s, const GlobalMatrix<T>& g, unsigned row0,
+                                  unsigned col0, unsigned thread) {
+  detail::for_each_chunk_lean<Tile, kThreads>(
+      g, row0, col0, thread,
+      [&](unsigned row, unsigned col, const T* src, unsigned valid) HK_INLINE {
+        T* to = s.at(row, col);
+#pragma unroll 1
+        for (unsigned e = 0; e < Tile::kChunk; ++e) to[e] = e < valid ? src[e] : T(0);
       });
 }
 
@@ -155,19 +173,6 @@ HK_DEVICE void copy_elements(Tile& s, const GlobalMatrix<T>& g, unsigned row0, u
         // stores, a register each, which is what this copy is for avoiding.
 #pragma unroll 1
         for (unsigned e = 0; e < Tile::kChunk; ++e) to[e] = e < c.valid ? src[e] : T(0);
-      });
-}
-
-// copy_elements with the lean walk (detail::for_each_chunk_lean), for a producer warpgroup.
-template <unsigned kThreads, class Tile, typename T>
-HK_DEVICE void copy_elements_lean(Tile& s, const GlobalMatrix<T>& g, unsigned row0,
-                                  unsigned col0, unsigned thread) {
-  detail::for_each_chunk_lean<Tile, kThreads>(
-      g, row0, col0, thread,
-      [&](unsigned row, unsigned col, const T* src, unsigned valid) HK_INLINE {
-        T* to = s.at(row, col);
-#pragma unroll 1
-        for (unsigned e = 0; e < Tile::kChunk; ++e) to[e] = e < valid ? src[e] : T(0);
       });
 }
 

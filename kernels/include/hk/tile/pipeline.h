@@ -105,6 +105,19 @@ template <class Stage, unsigned kStages_, unsigned kConsumers_> struct Ring {
 };
 
 namespace detail {
+// A position in the ring: the stage of a step and the parity of the phase its barriers are in,
+// advanced step by step (i % kStages and i / kStages for a ring of 6 cost the producer registers
+// it does not have).
+template <unsigned kStages> struct Cursor {
+  unsigned slot = 0, phase = 0;
+  HK_DEVICE void advance() {
+    if (++slot == kStages) {
+      slot = 0;
+      phase ^= 1;
+    }
+  }
+};
+
 template <unsigned kRegisters> HK_DEVICE void fewer_registers() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
 }
@@ -121,28 +134,32 @@ template <unsigned kRegisters> HK_DEVICE void more_registers() {
 // needs j + 1 + kLag < j + kStages.
 template <bool kAsync, class RingT, class Program>
 HK_DEVICE void produce(RingT& ring, Program& program, unsigned steps, unsigned thread) {
-  constexpr unsigned kStages = RingT::kStages;
-  constexpr unsigned kLag = kAsync ? kStages - 2 : 0;
-  const auto publish = [&](unsigned i) HK_INLINE { ring.full[i % kStages].arrive(); };
-  for (unsigned i = 0; i < steps; ++i) {
-    if (i >= kStages) ring.empty[i % kStages].wait(i / kStages - 1);
-    program.template load<kAsync>(ring.stage[i % kStages], i, thread);
+  constexpr unsigned kLag = kAsync ? RingT::kStages - 2 : 0;
+  Cursor<RingT::kStages> write, done;  // the step being copied, the next one to publish
+  const auto publish = [&]() HK_INLINE {
+    ring.full[done.slot].arrive();
+    done.advance();
+  };
+  for (unsigned i = 0; i < steps; ++i, write.advance()) {
+    // From the second round on, the stage's previous step must have been consumed.
+    if (i >= RingT::kStages) ring.empty[write.slot].wait(write.phase ^ 1);
+    program.template load<kAsync>(ring.stage[write.slot], i, thread);
     if constexpr (kAsync) {
       async_commit();
       if (i >= kLag) {
         async_wait<kLag>();
         fence_async_shared();
-        publish(i - kLag);
+        publish();
       }
     } else {
       fence_async_shared();
-      publish(i);
+      publish();
     }
   }
   if constexpr (kAsync) {
     async_wait<0>();
     fence_async_shared();
-    for (unsigned i = steps > kLag ? steps - kLag : 0; i < steps; ++i) publish(i);
+    for (unsigned i = steps > kLag ? steps - kLag : 0; i < steps; ++i) publish();
   }
 }
 
@@ -150,15 +167,17 @@ HK_DEVICE void produce(RingT& ring, Program& program, unsigned steps, unsigned t
 // wgmma over it are done (one group may stay in flight, so issue runs ahead of the math).
 template <class RingT, class Program>
 HK_DEVICE void consume(RingT& ring, Program& program, unsigned steps, unsigned consumer) {
-  constexpr unsigned kStages = RingT::kStages;
   const bool leader = thread_idx_x() % kWarpgroupThreads == 0;
-  for (unsigned i = 0; i < steps; ++i) {
-    ring.full[i % kStages].wait(i / kStages);
+  Cursor<RingT::kStages> read;
+  unsigned previous = 0;  // the stage of step i - 1
+  for (unsigned i = 0; i < steps; ++i, read.advance()) {
+    ring.full[read.slot].wait(read.phase);
     wgmma::fence();
-    program.multiply(ring.stage[i % kStages], consumer);
+    program.multiply(ring.stage[read.slot], consumer);
     wgmma::commit();
     wgmma::wait<1>();
-    if (i > 0 && leader) ring.empty[(i - 1) % kStages].arrive();
+    if (i > 0 && leader) ring.empty[previous].arrive();
+    previous = read.slot;
     program.step_done(i, consumer);
   }
   wgmma::wait<0>();
