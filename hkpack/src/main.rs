@@ -241,7 +241,7 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
                 } else {
                     inspect::main_loop::table(&report)
                 });
-                return Ok(module_files_verdict(&bundle, &dir)?);
+                return module_files_verdict(&bundle, &dir);
             }
             match kernel {
                 Some(symbol) => {

@@ -49,6 +49,7 @@ use std::io::Write;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -251,7 +252,7 @@ pub fn report(
     if let Some(symbol) = kernel {
         bundle.kernel_record(symbol).map_err(crate::Error::from)?;
     }
-    let code_objects: Vec<(&str, &[String], TargetId)> = manifest
+    let code_objects: Vec<CodeObject<'_>> = manifest
         .modules
         .iter()
         .filter(|module| kernel.is_none_or(|symbol| module.kernels.iter().any(|k| k == symbol)))
@@ -259,15 +260,21 @@ pub fn report(
             module
                 .entries
                 .iter()
-                .map(|entry| entry.id.target())
-                .filter(|target| matches!(target, TargetId::Amd(_)))
-                .map(|target| (module.name.as_str(), module.kernels.as_slice(), target))
+                .filter_map(|entry| match entry.id.target() {
+                    target @ TargetId::Amd(amd) => Some(CodeObject {
+                        module: &module.name,
+                        kernels: &module.kernels,
+                        target,
+                        processor: amd.processor().name(),
+                    }),
+                    TargetId::Nvidia(_) => None,
+                })
         })
         .collect();
     // Each code object is a disassembly and a few dozen simulations, all in other processes:
-    // run them side by side, in order.
-    let results = parallel_map(&code_objects, |&(module, kernels, target)| {
-        code_object_main_loops(dir, tools, module, kernels, target, kernel)
+    // run them side by side.
+    let results = parallel_map(&code_objects, |code_object| {
+        code_object_main_loops(dir, tools, code_object, kernel)
     });
     let mut kernels = Vec::new();
     for result in results {
@@ -280,34 +287,60 @@ pub fn report(
     })
 }
 
-/// `f` of every item on as many threads as there are cores, the results in the items' order.
+/// `f` of every item on as many threads as there are cores, each taking the next item as it
+/// finishes one (as the build's job pool does); the results in the items' order.
 fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let next = AtomicUsize::new(0);
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let chunk = items.len().div_ceil(workers).max(1);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = items
-            .chunks(chunk)
-            .map(|chunk| scope.spawn(|| chunk.iter().map(&f).collect::<Vec<R>>()))
+    let mut results: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers.clamp(1, items.len().max(1)))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        done.push((i, f(item)));
+                    }
+                    done
+                })
+            })
             .collect();
         handles
             .into_iter()
-            .flat_map(|handle| match handle.join() {
-                Ok(results) => results,
-                Err(panic) => std::panic::resume_unwind(panic),
+            .flat_map(|handle| {
+                handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
             })
             .collect()
-    })
+    });
+    results.sort_by_key(|&(i, _)| i);
+    results.into_iter().map(|(_, result)| result).collect()
 }
 
-/// The main loops of the matrix kernels in one module's code object for `target`.
+/// One module's AMD code object for one target.
+struct CodeObject<'a> {
+    module: &'a str,
+    kernels: &'a [String],
+    target: TargetId,
+    /// The processor LLVM's tools take as `--mcpu`: the target ID without its features.
+    processor: &'static str,
+}
+
+/// The main loops of the matrix kernels in `code`; only kernel `only` with `Some`.
 fn code_object_main_loops(
     dir: &Path,
     tools: &LlvmTools,
-    module: &str,
-    kernels: &[String],
-    target: TargetId,
+    code: &CodeObject<'_>,
     only: Option<&str>,
 ) -> Result<Vec<KernelMainLoop>, MainLoopError> {
+    let CodeObject {
+        module,
+        kernels,
+        target,
+        processor,
+    } = *code;
     let disassembly_failed = |detail: String| MainLoopError::Disassembly {
         module: module.to_owned(),
         target,
@@ -315,11 +348,10 @@ fn code_object_main_loops(
     };
     let scratch =
         tempfile::tempdir().map_err(|e| disassembly_failed(format!("no temporary folder: {e}")))?;
-    let object = scratch.path().join(format!("{module}.{target}.co"));
+    let object = scratch.path().join(format!("{module}.{processor}.co"));
     verify::extract(dir, module, &Pick::Target(target), &object)?;
-    let cpu = processor(target);
     let output = Command::new(&tools.objdump)
-        .args(["-d", &format!("--mcpu={cpu}")])
+        .args(["-d", &format!("--mcpu={processor}")])
         .arg(&object)
         .output()
         .map_err(|e| MainLoopError::ToolFailed {
@@ -346,42 +378,37 @@ fn code_object_main_loops(
         if !function.iter().any(|i| is_mfma(i.mnemonic)) {
             continue;
         }
-        let simulate = |view: &'static str, path: &[&Instruction<'_>]| {
-            simulate(tools, &cpu, path).map_err(|detail| MainLoopError::Simulation {
-                kernel: symbol.clone(),
-                target,
-                view,
-                detail,
+        let view = |name: &'static str, instructions: Vec<&Instruction<'_>>| {
+            let simulation = simulate(tools, processor, &instructions).map_err(|detail| {
+                MainLoopError::Simulation {
+                    kernel: symbol.clone(),
+                    target,
+                    view: name,
+                    detail,
+                }
+            })?;
+            Ok::<_, MainLoopError>(LoopView {
+                mix: InstructionMix::of(&instructions),
+                simulation,
             })
         };
-        let main_loop = match main_loop(function) {
-            None => None,
-            Some(found) => {
-                let start = function[0].address;
-                let body: Vec<&Instruction<'_>> = function[found.body.clone()].iter().collect();
-                let aligned = found.aligned_path.map(|path| {
-                    path.into_iter()
-                        .map(|i| &function[i])
-                        .collect::<Vec<&Instruction<'_>>>()
-                });
-                Some(MainLoop {
-                    start: body[0].address - start,
-                    end: body[body.len() - 1].address - start,
-                    body: LoopView {
-                        mix: InstructionMix::of(&body),
-                        simulation: simulate("body", &body)?,
-                    },
-                    aligned_path: aligned
+        // Offsets from the kernel's first instruction, as objdump's branch notes give them.
+        let offset = |i: usize| function[i].address - function[0].address;
+        let main_loop = main_loop(function)
+            .map(|found| {
+                Ok::<_, MainLoopError>(MainLoop {
+                    start: offset(found.body.start),
+                    end: offset(found.body.end - 1),
+                    body: view("body", function[found.body].iter().collect())?,
+                    aligned_path: found
+                        .aligned_path
                         .map(|path| {
-                            Ok::<_, MainLoopError>(LoopView {
-                                mix: InstructionMix::of(&path),
-                                simulation: simulate("aligned path", &path)?,
-                            })
+                            view("aligned path", path.iter().map(|&i| &function[i]).collect())
                         })
                         .transpose()?,
                 })
-            }
-        };
+            })
+            .transpose()?;
         rows.push(KernelMainLoop {
             module: module.to_owned(),
             target,
@@ -390,14 +417,6 @@ fn code_object_main_loops(
         });
     }
     Ok(rows)
-}
-
-/// The processor name LLVM's tools take as `--mcpu`: the target ID without its features.
-fn processor(target: TargetId) -> String {
-    match target {
-        TargetId::Amd(amd) => amd.processor().name().to_owned(),
-        TargetId::Nvidia(_) => target.to_string(),
-    }
 }
 
 /// One instruction of `llvm-objdump -d` output for AMDGPU.
@@ -745,6 +764,10 @@ fn simulation(json: &[u8]) -> Result<Simulation, String> {
 /// The report as a text table: a row per kernel and target, its main loop's body, and a
 /// second row for the aligned path where there is one.
 pub fn table(report: &MainLoopReport) -> String {
+    if report.kernels.is_empty() {
+        return "no matrix kernel (one with MFMA instructions) on an AMD target in this bundle\n"
+            .into();
+    }
     const HEADER: [&str; 14] = [
         "module", "target", "kernel", "view", "instrs", "mfma", "vmem", "lds", "salu", "branch",
         "wait", "valu", "cycles", "share",
@@ -812,9 +835,10 @@ pub fn table(report: &MainLoopReport) -> String {
         out.push('\n');
     }
     out.push_str(&format!(
-        "body: every instruction of the loop; aligned: the path of a step whose rows are all \
-         aligned for the vector copies; no loop: no loop holds the kernel's MFMAs. cycles: llvm-mca's per iteration ({ITERATIONS} iterations, {}); \
-         share: the matrix unit's (HWXDL) busy cycles over those.\n",
+        "\nbody: every instruction of the loop, every path at once; aligned: the path of a step\n\
+         whose rows are all aligned for the vector copies; no loop: no loop holds the MFMAs.\n\
+         cycles: llvm-mca's per iteration ({ITERATIONS} iterations, {}); share: the matrix\n\
+         unit's (HWXDL) busy cycles over those.\n",
         report.llvm
     ));
     out
