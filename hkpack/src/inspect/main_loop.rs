@@ -16,11 +16,11 @@
 //!    first, which is what LLVM does for the single-block and rotated loops of our kernels.
 //! 3. **Two views of it.** The *body* is every instruction of the loop, every path at once, as
 //!    straight-line code. The *aligned path* is the one a steady-state step takes when every
-//!    row is aligned for the vector copies: from the header, it falls through conditional branches (no exit,
-//!    no skipped work), follows forward `s_branch`es, and takes each `s_cbranch_execz` that
-//!    skips a region holding exec-mask branches of its own: that region is an element-by-
-//!    element fallback (one exec-masked load per element), which no lane runs when all are
-//!    aligned. It runs to the loop's last latch, so where a step may branch back early it
+//!    row is aligned for the vector copies: from the header, it falls through conditional
+//!    branches (no exit, no skipped work), follows forward `s_branch`es, and takes each
+//!    `s_cbranch_execz` that skips a region holding exec-mask branches of its own: that region
+//!    is an element-by-element fallback (one exec-masked load per element), which no lane runs
+//!    when all are aligned. It runs to the loop's last latch, so where a step may branch back early it
 //!    counts the longer way: the BF16 GEMM's next-stage LDS writes (skipped only by the last
 //!    step), and the weight-only kernels' scaling at the end of each 128-deep group (once
 //!    every few steps), which makes their share a lower bound. It is reported only where it
@@ -31,15 +31,15 @@
 //! 5. **Simulation.** Each view without its branches (llvm-mca simulates a block as if it
 //!    repeats) goes to `llvm-mca -mtriple=amdgcn-amd-amdhsa -mcpu=<processor>` for
 //!    [`ITERATIONS`] iterations, read back as JSON. LLVM's AMDGPU model books every MFMA on
-//!    one resource, `HWXDL` (the XDL matrix core), for as many cycles as the instruction's
-//!    passes. The *matrix cycles* of an iteration are llvm-mca's resource pressure on `HWXDL`,
+//!    one resource, `HWXDL` (the XDL matrix core), for the cycles it gives the instruction
+//!    (its passes in the model: 4 for a 16 x 16 x 16 bf16 MFMA on gfx942, 8 on gfx90a). The *matrix cycles* of an iteration are llvm-mca's resource pressure on `HWXDL`,
 //!    the *cycles* its total cycles over the iterations, and the **matrix share** the one over
 //!    the other: 1 means the matrix unit never waits. As a cross-check the MFMAs' reciprocal
 //!    throughputs from the model's instruction table are summed too
 //!    ([`Simulation::mfma_cycles`]); the two agree when nothing but MFMAs uses `HWXDL`.
 //!
 //! What the model leaves out bounds what the share means: llvm-mca does not wait at
-//! `s_waitcnt` or `s_barrier` (it books them as one-cycle scalar instructions), knows no
+//! `s_waitcnt` or `s_barrier` (it books them as one-cycle instructions), knows no
 //! other waves on the SIMD, and gives memory instructions a fixed latency. The share is the
 //! model's view of one wave's instruction stream: a measure to compare kernels and
 //! schedules by, not a prediction of the hardware's utilisation.
