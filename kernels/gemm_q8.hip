@@ -359,49 +359,65 @@ HK_DEVICE void gemm_q8(Out* __restrict__ c, const T* __restrict__ a, const TB* _
 
 #if HK_SM90A
 // sm_90a, i8 and E4M3 (not weight-only, which widens B on the way): wgmma programs over
-// hk/tile/pipeline.h, as gemm.hip's: blocks of 128 x 256 of C, K in steps of 128 (one 128-byte
-// swizzled row), 4 stages of 48 KiB, one producer and two consumer warpgroups of 64 rows (128
-// sums a thread). Block scales fold each 128-deep group (one step) into a second set of sums
-// once its wgmma are done, so they take 128 x 128 blocks (2 x 64 sums a thread).
-template <Scales kScales> constexpr unsigned kWgmmaTileN = grouped(kScales) ? 128 : 256;
+// hk/tile/pipeline.h, as gemm.hip's: K in steps of 128 (one 128-byte swizzled row), 4 stages,
+// one producer and two consumer warpgroups of 64 rows. int8 sums are exact: blocks of 128 x 256
+// (128 sums a thread, 48 KiB stages). E4M3 sums are not: wgmma on FP8 keeps fewer bits than f32
+// in its accumulators (one chain over K = 61 to 4096 was off by up to 8 times the f32 bound in
+// the H100 parity run, as DeepSeek-V3 reported about 14 bits), so each instruction's 32-deep
+// product goes to fresh accumulators and is added in f32 to a second set, `total`, scaled by
+// its group's scales for block scales: blocks of 128 x 128 (2 x 64 sums a thread, 32 KiB
+// stages).
+template <typename T> constexpr bool kPromoted = !__is_same(T, hk::i8);
+template <typename T> constexpr unsigned kWgmmaTileN = kPromoted<T> ? 128 : 256;
 
 template <typename T, Scales kScales, bool kBias>
-struct WgmmaQ8 : hk::tile::WgmmaNt<T, 128, kWgmmaTileN<kScales>, 4> {
-  using Base = hk::tile::WgmmaNt<T, 128, kWgmmaTileN<kScales>, 4>;
+struct WgmmaQ8 : hk::tile::WgmmaNt<T, 128, kWgmmaTileN<T>, 4> {
+  using Base = hk::tile::WgmmaNt<T, 128, kWgmmaTileN<T>, 4>;
   static_assert(!grouped(kScales) || Base::kTileK == kScaleGroup, "a step is one scale group");
+  static_assert(!grouped(kScales) || kPromoted<T>, "block scales fold promoted sums");
   hk::bf16* c;
   const float *a_scale, *b_scale;
   const hk::bf16* bias;
   unsigned m, n, ldc, groups;
-  float total[grouped(kScales) ? Base::kTileN / 2 : 1];  // block scales: the folded groups
+  float total[kPromoted<T> ? Base::kTileN / 2 : 1];
+  unsigned step_ = 0;  // the consumer's step, for block scales' group
 
   HK_DEVICE void start() {
 #pragma unroll
     for (float& t : total) t = 0.0f;
   }
 
-  // Without block scales the sums run over all of K; with them each step starts afresh.
   HK_DEVICE void multiply(const typename Base::Stage& s, unsigned consumer) {
-    Base::multiply(s, consumer, grouped(kScales) ? 0 : 1);
-  }
-
-  // Block scales: total += (the step's group sums) · a_scale[row][g] · b_scale[col0 / 128][g].
-  HK_DEVICE void step_done(unsigned group, unsigned consumer) {
-    if constexpr (grouped(kScales)) {
+    if constexpr (!kPromoted<T>) {
+      Base::multiply(s, consumer);
+    } else {
       namespace wg = hk::tile::wgmma;
-      wg::wait<0>();
-      wg::pin(this->acc);
-      const float b_group = b_scale[this->col0 / kScaleGroup * groups + group];
-      // A thread's sums lie in two rows (Layout::row of v = 0 and 2): one scale each. Rows past
-      // m read the last row's scale; they sum only the zero fill and are never stored.
-      float row_scale[2];
+      // Block scales: this step is group `step`'s; a thread's sums lie in two rows (Layout::row
+      // of v = 0 and 2), one scale each. Rows past m read the last row's scale; they sum only
+      // the zero fill and are never stored.
+      float row_scale[2] = {1.0f, 1.0f};
+      if constexpr (grouped(kScales)) {
+        const unsigned group = step_;
+        const float b_group = b_scale[this->col0 / kScaleGroup * groups + group];
 #pragma unroll
-      for (unsigned i = 0; i < 2; ++i) {
-        const unsigned row = this->row0 + 64 * consumer + wg::Layout::row(2 * i);
-        row_scale[i] = a_scale[(row < m ? row : m - 1) * groups + group] * b_group;
+        for (unsigned i = 0; i < 2; ++i) {
+          const unsigned row = this->row0 + 64 * consumer + wg::Layout::row(2 * i);
+          row_scale[i] = a_scale[(row < m ? row : m - 1) * groups + group] * b_group;
+        }
       }
 #pragma unroll
-      for (unsigned v = 0; v < Base::kTileN / 2; ++v) total[v] += this->acc[v] * row_scale[v / 2 % 2];
+      for (unsigned kk = 0; kk < Base::kTileK; kk += wg::Kind<T>::kK) {
+        wg::fence();  // the accumulators were last read by the additions below
+        wg::mma<T, Base::kTileN>(this->acc, wg::descriptor(s.a, 64 * consumer, kk),
+                                 wg::descriptor(s.b, 0, kk), 0);
+        wg::commit();
+        wg::wait<0>();
+        wg::pin(this->acc);
+#pragma unroll
+        for (unsigned v = 0; v < Base::kTileN / 2; ++v)
+          total[v] += grouped(kScales) ? this->acc[v] * row_scale[v / 2 % 2] : this->acc[v];
+      }
+      ++step_;
     }
   }
 
@@ -411,7 +427,7 @@ struct WgmmaQ8 : hk::tile::WgmmaNt<T, 128, kWgmmaTileN<kScales>, 4> {
     const float tensor_scale = kScales == Scales::kPerTensor ? a_scale[0] * b_scale[0] : 0.0f;
     hk::tile::store_pairs(
         c, m, n, ldc, *this, consumer, [&](unsigned v, unsigned row, unsigned column) HK_INLINE {
-          float x = grouped(kScales) ? total[v] : static_cast<float>(this->acc[v]);
+          float x = kPromoted<T> ? total[v] : static_cast<float>(this->acc[v]);
           if constexpr (kScales == Scales::kPerTensor)
             x *= tensor_scale;
           else if constexpr (kScales == Scales::kPerToken)
@@ -425,7 +441,7 @@ struct WgmmaQ8 : hk::tile::WgmmaNt<T, 128, kWgmmaTileN<kScales>, 4> {
 // The contracts (manifests/gemm_a8w8.toml, gemm_fp8_e4m3fn.toml) give these kernels this much
 // dynamic shared memory on sm_90a.
 static_assert(WgmmaQ8<hk::i8, Scales::kPerToken, false>::Ring::kSharedBytes == 197696 &&
-                  WgmmaQ8<hk::fp8_e4m3fn, Scales::kPerTensor, true>::Ring::kSharedBytes == 197696 &&
+                  WgmmaQ8<hk::fp8_e4m3fn, Scales::kPerTensor, true>::Ring::kSharedBytes == 132160 &&
                   WgmmaQ8<hk::fp8_e4m3fn, Scales::kBlock, true>::Ring::kSharedBytes == 132160,
               "the wgmma rings no longer match the `shared` of the 8-bit GEMMs' contracts");
 constexpr unsigned kWgmmaThreads = WgmmaQ8<hk::i8, Scales::kPerToken, false>::kThreads;
