@@ -358,92 +358,43 @@ HK_DEVICE void gemm_q8(Out* __restrict__ c, const T* __restrict__ a, const TB* _
 }
 
 #if HK_SM90A
-// sm_90a, i8 and E4M3 (not weight-only, which widens B on the way): wgmma programs over
-// hk/tile/pipeline.h, as gemm.hip's: K in steps of 128 (one 128-byte swizzled row), 4 stages,
-// one producer and two consumer warpgroups of 64 rows. int8 sums are exact: blocks of 128 x 256
-// (128 sums a thread, 48 KiB stages). E4M3 sums are not: wgmma on FP8 keeps fewer bits than f32
-// in its accumulators (one chain over K = 61 to 4096 was off by up to 8 times the f32 bound in
-// the H100 parity run, as DeepSeek-V3 reported about 14 bits), so each instruction's 32-deep
-// product goes to fresh accumulators and is added in f32 to a second set, `total`, scaled by
-// its group's scales for block scales: blocks of 128 x 128 (2 x 64 sums a thread, 32 KiB
-// stages).
-template <typename T> constexpr bool kPromoted = !__is_same(T, hk::i8);
-template <typename T> constexpr unsigned kWgmmaTileN = kPromoted<T> ? 128 : 256;
-
+// sm_90a, int8: a wgmma program over hk/tile/pipeline.h, as gemm.hip's: blocks of 128 x 256 of
+// C, K in steps of 128 (one 128-byte swizzled row), 4 stages of 48 KiB, one producer and two
+// consumer warpgroups of 64 rows (128 exact i32 sums a thread).
+//
+// Not FP8 (the module is not built for sm_90a): wgmma on E4M3 does not sum in f32, which these
+// kernels promise. Measured on the H100 against the f64 reference and the f32-accumulation bound
+// of tests/src/kernels/gemm_q8.rs: one wgmma chain over K was off by up to 8 times the bound;
+// taking each instruction's 32-deep product into fresh accumulators and adding those in f32
+// still left K = 61 to 1000 cases at 1.2 to 2.6 times it (the error is inside one instruction),
+// and ran at 0.33-0.49 of torch._scaled_mm (one chain: 0.45-0.72). So FP8 keeps sm_90's exact
+// path (E4M3 widened to f16 for mma.sync, hk/tile/mma_sync8.h).
 template <typename T, Scales kScales, bool kBias>
-struct WgmmaQ8 : hk::tile::WgmmaNt<T, 128, kWgmmaTileN<T>, 4> {
-  using Base = hk::tile::WgmmaNt<T, 128, kWgmmaTileN<T>, 4>;
-  static_assert(!grouped(kScales) || Base::kTileK == kScaleGroup, "a step is one scale group");
-  static_assert(!grouped(kScales) || kPromoted<T>, "block scales fold promoted sums");
+struct WgmmaQ8 : hk::tile::WgmmaNt<T, 128, 256, 4> {
+  static_assert(__is_same(T, hk::i8),
+                "wgmma's FP8 sums are not f32 (see above): FP8 GEMMs keep the mma.sync path");
+  static_assert(kScales == Scales::kPerToken, "int8 GEMMs scale per token and channel");
   hk::bf16* c;
   const float *a_scale, *b_scale;
   const hk::bf16* bias;
-  unsigned m, n, ldc, groups;
-  float total[kPromoted<T> ? Base::kTileN / 2 : 1];
-  unsigned step_ = 0;  // the consumer's step, for block scales' group
+  unsigned m, n, ldc;
 
-  HK_DEVICE void start() {
-#pragma unroll
-    for (float& t : total) t = 0.0f;
-  }
-
-  HK_DEVICE void multiply(const typename Base::Stage& s, unsigned consumer) {
-    if constexpr (!kPromoted<T>) {
-      Base::multiply(s, consumer);
-    } else {
-      namespace wg = hk::tile::wgmma;
-      // Block scales: this step is group `step`'s; a thread's sums lie in two rows (Layout::row
-      // of v = 0 and 2), one scale each. Rows past m read the last row's scale; they sum only
-      // the zero fill and are never stored.
-      float row_scale[2] = {1.0f, 1.0f};
-      if constexpr (grouped(kScales)) {
-        const unsigned group = step_;
-        const float b_group = b_scale[this->col0 / kScaleGroup * groups + group];
-#pragma unroll
-        for (unsigned i = 0; i < 2; ++i) {
-          const unsigned row = this->row0 + 64 * consumer + wg::Layout::row(2 * i);
-          row_scale[i] = a_scale[(row < m ? row : m - 1) * groups + group] * b_group;
-        }
-      }
-#pragma unroll
-      for (unsigned kk = 0; kk < Base::kTileK; kk += wg::Kind<T>::kK) {
-        wg::fence();  // the accumulators were last read by the additions below
-        wg::mma<T, Base::kTileN>(this->acc, wg::descriptor(s.a, 64 * consumer, kk),
-                                 wg::descriptor(s.b, 0, kk), 0);
-        wg::commit();
-        wg::wait<0>();
-        wg::pin(this->acc);
-#pragma unroll
-        for (unsigned v = 0; v < Base::kTileN / 2; ++v)
-          total[v] += grouped(kScales) ? this->acc[v] * row_scale[v / 2 % 2] : this->acc[v];
-      }
-      ++step_;
-    }
-  }
-
-  // sum · a_scale · b_scale (+ bias), in the order the reference states (as gemm_q8 does).
+  // sum · a_scale[row] · b_scale[column] (+ bias), in the order the reference states (as
+  // gemm_q8 does).
   HK_DEVICE void finish(unsigned consumer) {
     hk::tile::wgmma::pin(this->acc);
-    const float tensor_scale = kScales == Scales::kPerTensor ? a_scale[0] * b_scale[0] : 0.0f;
     hk::tile::store_pairs(
         c, m, n, ldc, *this, consumer, [&](unsigned v, unsigned row, unsigned column) HK_INLINE {
-          float x = kPromoted<T> ? total[v] : static_cast<float>(this->acc[v]);
-          if constexpr (kScales == Scales::kPerTensor)
-            x *= tensor_scale;
-          else if constexpr (kScales == Scales::kPerToken)
-            x = x * a_scale[row] * b_scale[column];
-          if constexpr (kBias) x += hk::to_float(bias[column]);
-          return x;
+          const float x = static_cast<float>(this->acc[v]) * a_scale[row] * b_scale[column];
+          return kBias ? x + hk::to_float(bias[column]) : x;
         });
   }
 };
 
-// The contracts (manifests/gemm_a8w8.toml, gemm_fp8_e4m3fn.toml) give these kernels this much
-// dynamic shared memory on sm_90a.
-static_assert(WgmmaQ8<hk::i8, Scales::kPerToken, false>::Ring::kSharedBytes == 197696 &&
-                  WgmmaQ8<hk::fp8_e4m3fn, Scales::kPerTensor, true>::Ring::kSharedBytes == 132160 &&
-                  WgmmaQ8<hk::fp8_e4m3fn, Scales::kBlock, true>::Ring::kSharedBytes == 132160,
-              "the wgmma rings no longer match the `shared` of the 8-bit GEMMs' contracts");
+// The contracts (manifests/gemm_a8w8.toml) give these kernels this much dynamic shared memory
+// on sm_90a.
+static_assert(WgmmaQ8<hk::i8, Scales::kPerToken, false>::Ring::kSharedBytes == 197696,
+              "the wgmma ring no longer matches the `shared` of manifests/gemm_a8w8.toml");
 constexpr unsigned kWgmmaThreads = WgmmaQ8<hk::i8, Scales::kPerToken, false>::kThreads;
 
 template <typename T, Scales kScales, bool kBias, GridZ kZ>
@@ -464,13 +415,12 @@ HK_DEVICE void gemm_q8_wgmma(hk::bf16* __restrict__ c, const T* __restrict__ a,
   }
   const hk::tile::BlockTile tile = hk::tile::block_tile();
   Program p{{{a, m, k, lda}, {b, n, k, ldb}, tile.m * Program::kTileM, tile.n * Program::kTileN},
-            c, a_scale, b_scale, bias, m, n, ldc, (k + kScaleGroup - 1) / kScaleGroup};
-  p.start();
+            c, a_scale, b_scale, bias, m, n, ldc};
   hk::tile::run_pipeline<typename Program::Ring>(p, Program::steps(k));
 }
 #endif
 
-// The i8 and FP8 kernels' program: gemm_q8, or on sm_90a the wgmma program.
+// The i8 and FP8 kernels' program: gemm_q8, or on sm_90a (int8 only) the wgmma program.
 template <typename T, Scales kScales, bool kBias, GridZ kZ = GridZ::kNone>
 HK_DEVICE void q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
                   const float* __restrict__ a_scale, const float* __restrict__ b_scale,
@@ -491,7 +441,7 @@ HK_DEVICE void q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const T* __
 // refuses. Tl is the kernel's Tiling.
 #define HK_Q8_ENTRY(name, Tl) \
   HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Tl::kThreads, 1) void name
-// The i8 and FP8 kernels' entries: on sm_90a the wgmma program's block.
+// The i8 and FP8 kernels' entries: on sm_90a (int8 only) the wgmma program's block.
 #if HK_SM90A
 #define HK_Q8_WG_ENTRY(name, Tl) \
   HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(kWgmmaThreads, 1) void name
