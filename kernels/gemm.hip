@@ -273,18 +273,48 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
       hk::block_sync();
     }
 #else
-    fetch(first);
-    store(stage[0]);
-    hk::block_sync();
-    for (unsigned s = first; s < last; ++s) {
-      const unsigned now = (s - first) % 2;
-      const bool more = s + 1 < last;
-      if (more) fetch(s + 1);
-      multiply(stage[now]);
-      // The other stage was last read in step s - 1, before the barrier that ended it.
-      if (more) store(stage[1 - now]);
+    // Steps [from, to) double-buffered: step s + 1's loads are in flight while step s
+    // multiplies. Instantiated once per way of fetching, so that each K loop holds one copy path.
+    const auto run = [&](auto fetch_step, unsigned from, unsigned to) HK_INLINE {
+      fetch_step(from);
+      store(stage[0]);
       hk::block_sync();
+      for (unsigned s = from; s < to; ++s) {
+        const unsigned now = (s - from) % 2;
+        const bool more = s + 1 < to;
+        if (more) fetch_step(s + 1);
+        multiply(stage[now]);
+        // The other stage was last read in step s - 1, before the barrier that ended it.
+        if (more) store(stage[1 - now]);
+        hk::block_sync();
+      }
+    };
+    // With 16-byte aligned rows (and B's columns whole chunks where they are n), every chunk
+    // of a step whose K range lies inside k is whole or past the M or N edge: those steps take
+    // the whole-chunk walk alone (what it reads past the edges reaches only sums that are never
+    // stored); the loop that decides chunk by chunk takes what is left: the last step where k
+    // cuts it, or every step of other rows.
+    const unsigned whole = hk::tile::detail::min_u(last, k / Tl::kTileK);
+    bool walk = a_vector && b_vector && (kB == BLayout::kNK || n % BTile::kChunk == 0) &&
+                first < whole && next_a.addressable(ga);
+#pragma unroll
+    for (unsigned p = 0; p < kProducts; ++p) walk = walk && next_b[p].addressable(gb[p]);
+    unsigned rest = first;
+    if (walk) {
+      next_a.aim(ga, row0, first * Tl::kTileK, thread);
+#pragma unroll
+      for (unsigned p = 0; p < kProducts; ++p)
+        next_b[p].aim(gb[p], b_row(first), b_col(first), thread);
+      run([&](unsigned s) HK_INLINE {
+            next_a.fetch_whole(ga, row0, s * Tl::kTileK, thread);
+#pragma unroll
+            for (unsigned p = 0; p < kProducts; ++p)
+              next_b[p].fetch_whole(gb[p], b_row(s), b_col(s), thread);
+          },
+          first, whole);
+      rest = whole;
     }
+    if (rest < last) run(fetch, rest, last);
 #endif
   }
 

@@ -328,6 +328,10 @@ CASES = [
     ("splitk", "nt", "bf16", 5, 70, 300, (0, 0, 1), 3),   # K split 3 ways, C added to
     ("batched", "nt", "bf16", 17, 40, 48, (0, 0, 2), 2),
     ("gated", "nt", "f16", 20, 70, 40, (0, 0, 1), 1),
+    # Aligned rows, k whole steps: the whole-chunk loop alone, past the M edge and B's N edge
+    ("gemm", "nn", "bf16", 70, 136, 96, (0, 8, 0), 1),
+    # Aligned rows, split K: the last split's whole step, then its K tail in the other loop
+    ("splitk", "nt", "bf16", 5, 70, 200, (0, 0, 1), 3),
 ]
 
 

@@ -94,13 +94,14 @@ fn gemm_fits_every_amd_target_and_uses_its_mfma() {
             let mnemonics = mnemonics(body);
             let count = mnemonics.iter().filter(|&&m| m == want).count();
             // Atoms a wave holds (4 x 4 of a 64 x 64 wave block; 1 x 2 of split K's 16 x 32)
-            // times the 32-deep step's k over the atom's kK.
+            // times the 32-deep step's k over the atom's kK, in each of the two K loops (one
+            // per copy path, chosen before the loop).
             let atoms = if record.symbol.contains("splitk") {
                 2
             } else {
                 16
             };
-            let expected = atoms * if target == "gfx950" { 1 } else { 2 };
+            let expected = 2 * atoms * if target == "gfx950" { 1 } else { 2 };
             assert_eq!(
                 count, expected,
                 "{} on {target}: {count} x {want}, expected {expected}",

@@ -12,8 +12,10 @@
 //!    instruction of the kernel, its body the instructions from that header to its last
 //!    backward branch (a loop may have several latches). Of the loops that hold MFMAs, the
 //!    innermost ones (holding no other such loop) are candidates, and the one with the most
-//!    MFMAs is the main loop. This assumes the compiler lays a loop out contiguously, header
-//!    first, which is what LLVM does for the single-block and rotated loops of our kernels.
+//!    MFMAs is the main loop; of equals, the shortest (where a kernel chooses its copy path
+//!    once, before the K loop, each path is a loop of its own, and the aligned one is the
+//!    short one). This assumes the compiler lays a loop out contiguously, header first, which
+//!    is what LLVM does for the single-block and rotated loops of our kernels.
 //! 3. **Two views of it.** The *body* is every instruction of the loop, every path at once, as
 //!    straight-line code. The *aligned path* is the one a steady-state step takes when every
 //!    row is aligned for the vector copies: from the header, it falls through conditional
@@ -534,8 +536,12 @@ fn main_loop(function: &[Instruction<'_>]) -> Option<FoundLoop> {
     let body = loops
         .iter()
         .filter(|outer| !loops.iter().any(|inner| contains(outer, inner)))
-        // The most MFMAs, the earliest of equals.
-        .max_by_key(|body| (mfmas(body), std::cmp::Reverse(body.start)))?
+        // The most MFMAs; of equals, the shortest (a kernel that chooses its copy path before
+        // the loop has one loop per path: the aligned one is the short one), then the earliest.
+        .max_by_key(|body| {
+            let shorter = std::cmp::Reverse(body.len());
+            (mfmas(body), shorter, std::cmp::Reverse(body.start))
+        })?
         .clone();
     let path = aligned_path(function, body.clone(), index_of);
     Some(FoundLoop {

@@ -14,7 +14,9 @@
 //   StagedCopy (every target): fetch() loads into registers, store() writes them to shared
 //     memory later, so the loads of the next block overlap the math on this one. Reads 16
 //     bytes at once where the rows allow (vector = true and the chunk whole), element by
-//     element otherwise (any alignment, any ld).
+//     element otherwise (any alignment, any ld). On AMD, aim() and fetch_whole() are its
+//     whole-chunk walk: 16-byte buffer loads alone, nothing decided per chunk, for K loops whose
+//     blocks the matrix never cuts (see there).
 #pragma once
 
 #include "../device.h"
@@ -198,6 +200,52 @@ template <class Tile, unsigned kThreads> struct StagedCopy {
           }
         });
   }
+
+#if HK_AMD
+  // The whole-chunk walk (AMD): for a K loop whose every block lies whole inside g or wholly
+  // past its last row or column (16-byte aligned rows; a chunk past the last column only where
+  // cols is a multiple of a chunk), with nothing decided per chunk: aim() fixes this
+  // thread's chunks once, as byte offsets from a block's first element, and fetch_whole() then
+  // loads each with one 16-byte buffer load from the block's (uniform) start. A chunk outside g
+  // reads g's nearest one (its last row, its last chunk of a row) instead of zeros: for blocks
+  // whose outside rows and columns reach only sums that are never stored (a GEMM's M and N
+  // edges). The offsets hold for every block that keeps aim()'s clamping, i.e. that moves only
+  // along the dimension nothing leaves (K), and they are 32 bits (see addressable()).
+  unsigned offset[kPerThread];
+
+  // Whether a block's offsets fit in 32 bits.
+  template <typename T> static HK_DEVICE bool addressable(const GlobalMatrix<T>& g) {
+    return static_cast<unsigned long long>(Tile::kRows) * g.ld * sizeof(T) <= 0xffffffffull;
+  }
+
+  template <typename T>
+  HK_DEVICE void aim(const GlobalMatrix<T>& g, unsigned row0, unsigned col0, unsigned thread) {
+#pragma unroll
+    for (unsigned i = 0; i < kPerThread; ++i) {
+      const unsigned at = thread + i * kThreads;
+      if (Deal::skip(at)) break;
+      const unsigned row = detail::min_u(row0 + at / Tile::kChunksPerRow, g.rows - 1) - row0;
+      const unsigned col =
+          detail::min_u(col0 + at % Tile::kChunksPerRow * Tile::kChunk, g.cols - Tile::kChunk) -
+          col0;
+      offset[i] = static_cast<unsigned>((row * g.ld + col) * sizeof(T));
+    }
+  }
+
+  template <typename T>
+  HK_DEVICE void fetch_whole(const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
+                             unsigned thread) {
+    // A raw buffer (stride 0) over 4 GiB from the block's start, so that no load is cut off;
+    // the last word is the data format CDNA's buffer loads need (32-bit elements).
+    const __amdgpu_buffer_rsrc_t block = __builtin_amdgcn_make_buffer_rsrc(
+        const_cast<T*>(g.row(row0) + col0), 0, -1, 0x00020000);
+#pragma unroll
+    for (unsigned i = 0; i < kPerThread; ++i) {
+      if (Deal::skip(thread + i * kThreads)) break;
+      chunk[i] = __builtin_amdgcn_raw_buffer_load_b128(block, offset[i], 0, 0);
+    }
+  }
+#endif
 
   HK_DEVICE void store(Tile& s, unsigned thread) const {
 #pragma unroll
