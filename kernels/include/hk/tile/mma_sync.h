@@ -1,8 +1,8 @@
 // hk/tile/mma_sync.h: the matrix instruction of NVIDIA sm_80 and sm_90 for 16-bit inputs,
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 (D = A·B + C, A 16x16 row
 // major, B 16x8 column major, C and D f32), with its operands read from shared tiles by
-// ldmatrix. Included by hk/tile/mma.h on NVIDIA only. (sm_90's faster wgmma needs sm_90a code,
-// which this package does not build.)
+// ldmatrix. Included by hk/tile/mma.h on NVIDIA only. (sm_90's faster wgmma needs sm_90a code:
+// hk/tile/wgmma.h.)
 //
 // One MmaAtom step computes a 16x16 block of the result over k = 16: two m16n8k16 instructions
 // sharing the A fragment. Lane layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with

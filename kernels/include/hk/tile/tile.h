@@ -11,6 +11,10 @@
 //   hk/tile/mma_sync8.h
 //   hk/tile/raster.h    block_tile(): which block of C a thread block computes, grouped for L2
 //   hk/tile/widen.h     WideningCopy: FP8 blocks widened to bf16 tiles on the way (weight-only)
+// and, for sm_90a code only, included by the kernels that use them:
+//   hk/tile/wgmma.h     Hopper's warpgroup matrix instruction over swizzled shared tiles
+//   hk/tile/pipeline.h  the warp-specialised stage ring (producer and consumer warpgroups,
+//                       mbarriers) and WgmmaNt, the load and multiply hooks of C = A·Bᵀ
 #pragma once
 
 #include "copy.h"
