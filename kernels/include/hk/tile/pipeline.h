@@ -9,7 +9,7 @@
 // kStages steps later. So copies run kStages - 2 steps ahead of the multiplies, and neither
 // side waits for the other except when the ring is full or empty.
 //
-// A kernel is a Program with three hooks, and the layer does the rest (roles, registers,
+// A kernel is a Program with these hooks, and the layer does the rest (roles, registers,
 // barriers, the ring's memory):
 //   template <bool kAsync> void load(Stage&, unsigned step, unsigned thread)
 //       start the copies of step `step` (0-based in the block's K range) into the stage, as
@@ -17,9 +17,6 @@
 //       stores for rows that are not 16-byte aligned; `bool async_rows()` chooses, once.
 //   void multiply(const Stage&, unsigned consumer)
 //       issue the consumer warpgroup's wgmma over the stage (the layer fences and commits).
-//   void step_done(unsigned step, unsigned consumer)
-//       after a step's wgmma are issued (only the step before is known complete): block scales
-//       fold a group's sums here, after waiting for them.
 //   void finish(unsigned consumer)
 //       the epilogue: the accumulators are complete (hk::tile::wgmma::pin them first).
 //
@@ -32,8 +29,10 @@
 // thread fences (fence.proxy.async) after its copies land and before it arrives on `full`.
 //
 // Register budget: the producer gives registers back (setmaxnreg.dec to 40) so the consumers
-// may take the rest (setmaxnreg.inc; 232 each for two consumers); this needs a kernel capped at one block of
-// (1 + kConsumers) * 128 threads an SM (HK_LAUNCH_BOUNDS_MIN_BLOCKS(threads, 1)).
+// may take the rest (setmaxnreg.inc; 232 each for two consumers). This needs a kernel capped at
+// one block of (1 + kConsumers) * 128 threads an SM (HK_LAUNCH_BOUNDS_MIN_BLOCKS(threads, 1)),
+// and ptxas still allocates the whole kernel within that cap (168 registers for two consumers):
+// the consumers' extra registers are headroom, not a larger budget to compile against.
 #pragma once
 
 #include "../device.h"
@@ -178,7 +177,6 @@ HK_DEVICE void consume(RingT& ring, Program& program, unsigned steps, unsigned c
     wgmma::wait<1>();
     if (i > 0 && leader) ring.empty[previous].arrive();
     previous = read.slot;
-    program.step_done(i, consumer);
   }
   wgmma::wait<0>();
 }
@@ -233,8 +231,6 @@ template <typename T, unsigned kTileM_, unsigned kTileN_, unsigned kStages_> str
 
   static HK_DEVICE unsigned steps(unsigned k) { return (k + kTileK - 1) / kTileK; }
 
-  HK_DEVICE void step_done(unsigned, unsigned) {}
-
   HK_DEVICE bool async_rows() const { return ga.vector_rows() && gb.vector_rows(); }
 
   template <bool kAsync> HK_DEVICE void load(Stage& s, unsigned step, unsigned thread) {
@@ -248,12 +244,11 @@ template <typename T, unsigned kTileM_, unsigned kTileN_, unsigned kStages_> str
     }
   }
 
-  // accumulate = 0 makes the step's first wgmma overwrite the sums (a fresh group).
-  HK_DEVICE void multiply(const Stage& s, unsigned consumer, unsigned accumulate = 1) {
+  HK_DEVICE void multiply(const Stage& s, unsigned consumer) {
 #pragma unroll
     for (unsigned kk = 0; kk < kTileK; kk += wgmma::Kind<T>::kK)
       wgmma::mma<T, kTileN>(acc, wgmma::descriptor(s.a, 64 * consumer, kk),
-                            wgmma::descriptor(s.b, 0, kk), kk == 0 ? accumulate : 1);
+                            wgmma::descriptor(s.b, 0, kk), 1);
   }
 
   // Calls f(row, column, v) for the pairs of neighbouring sums acc[v], acc[v + 1] of the
