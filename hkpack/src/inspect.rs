@@ -108,31 +108,7 @@ pub fn table(rows: &[Row]) -> String {
             ]
         })
         .collect();
-    let mut widths = header.clone().map(|h| h.len());
-    for row in &cells {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    let mut out = String::new();
-    for row in std::iter::once(&header).chain(&cells) {
-        let line: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .enumerate()
-            // Names left-aligned, numbers right-aligned.
-            .map(|(i, (cell, w))| {
-                if i < 3 {
-                    format!("{cell:<w$}")
-                } else {
-                    format!("{cell:>w$}")
-                }
-            })
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    aligned_columns(std::iter::once(&header.map(String::from)).chain(&cells), 3)
 }
 
 /// What `inspect --json` prints: the table's rows, and the targets modules skip on purpose.
@@ -270,4 +246,43 @@ pub fn damaged_module_files(bundle: &Bundle, dir: &Path) -> Result<Vec<String>, 
                 })
         })
         .collect())
+}
+
+/// Rows of cells as text, each column as wide as its widest cell: the first `names` columns
+/// left-aligned, the numbers after them right-aligned.
+pub(crate) fn aligned_columns<'a, R>(
+    rows: impl IntoIterator<Item = &'a R> + Clone,
+    names: usize,
+) -> String
+where
+    R: AsRef<[String]> + 'a + ?Sized,
+{
+    let mut widths: Vec<usize> = Vec::new();
+    for row in rows.clone() {
+        for (i, cell) in row.as_ref().iter().enumerate() {
+            if i == widths.len() {
+                widths.push(0);
+            }
+            widths[i] = widths[i].max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let line: Vec<String> = row
+            .as_ref()
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (cell, &w))| {
+                if i < names {
+                    format!("{cell:<w$}")
+                } else {
+                    format!("{cell:>w$}")
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
 }

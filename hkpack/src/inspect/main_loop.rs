@@ -816,30 +816,7 @@ pub fn table(report: &MainLoopReport) -> String {
             );
         }
     }
-    let mut widths = [0; HEADER.len()];
-    for row in &cells {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.len());
-        }
-    }
-    let mut out = String::new();
-    for row in &cells {
-        let line: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .enumerate()
-            // Names left-aligned, numbers right-aligned.
-            .map(|(i, (cell, w))| {
-                if i < 4 {
-                    format!("{cell:<w$}")
-                } else {
-                    format!("{cell:>w$}")
-                }
-            })
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
+    let mut out = super::aligned_columns(&cells, 4);
     out.push_str(&format!(
         "\nbody: every instruction of the loop, every path at once; aligned: the path of a step\n\
          whose rows are all aligned for the vector copies; no loop: no loop holds the MFMAs.\n\
