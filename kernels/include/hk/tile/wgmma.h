@@ -75,28 +75,11 @@ template <unsigned kN> HK_DEVICE void pin(float (&d)[kN]) {
   for (unsigned i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// What each input type's instruction takes: its k depth, the accumulator type, and its PTX
-// type suffix (A and B of one type).
-template <typename T> struct Kind;
-template <> struct Kind<bf16> {
-  static constexpr unsigned kK = 16;
-  using Acc = float;
-};
-template <> struct Kind<f16> {
-  static constexpr unsigned kK = 16;
-  using Acc = float;
-};
-template <> struct Kind<fp8_e4m3fn> {
-  static constexpr unsigned kK = 32;
-  using Acc = float;
-};
-template <> struct Kind<fp8_e5m2> {
-  static constexpr unsigned kK = 32;
-  using Acc = float;
-};
-template <> struct Kind<i8> {
-  static constexpr unsigned kK = 32;
-  using Acc = int;
+// What each input type's instruction takes: k is 32 bytes of it (16 16-bit or 32 8-bit
+// elements), and s8 sums in i32, the floats in f32. (mma() names the types it multiplies.)
+template <typename T> struct Kind {
+  static constexpr unsigned kK = 32 / sizeof(T);
+  using Acc = __typeof__(__builtin_choose_expr(__is_same(T, i8), 0, 0.0f));
 };
 
 // Register lists "{%0, ..., %(n-1)}" (inline asm wants a string literal, so they are spelled
