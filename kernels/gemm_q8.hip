@@ -38,20 +38,24 @@
 //     each split adding its groups' scaled sums with atomics (the first adds the bias).
 //
 // Launch: the contracts in the manifests (a block of 128 x 128 of C, or 16 x 64 for split K,
-// its waves as Tiling says, grid x over n, y over m, z over a batch's products or K's splits).
-// The structure is gemm.hip's (see there): K in steps of 32 to 256 bytes through shared tiles,
-// zero-filled past the edges (so any M, N, K), NVIDIA overlapping kStages - 1 steps with
-// cp.async when rows are 16-byte aligned (pointers aligned, k and ld multiples of 16), every
-// other case staging the next step through registers, rows that are not aligned element by
-// element.
+// its waves as TilingOf says, grid x over n, y over m, z over a batch's products or K's splits).
+//
+// A program on the tile layer, as gemm.hip: hk/tile/k_loop.h walks K (copies, stages, the
+// split-K share; weight-only kernels stage B through registers on every target, widening it
+// there) and, for int8 on sm_90a, hk/tile/pipeline.h; this file chooses the blocks, folds block
+// scales group by group and scales what C receives. The README's benchmark section says why
+// these tilings.
 #include "hk/fp8.h"
 #include "hk/hk.h"
+#include "hk/tile/k_loop.h"
 #include "hk/tile/pipeline.h"
 #include "hk/tile/tile.h"
 
 namespace {
 
+using hk::tile::BatchStrides;
 using hk::tile::BLayout;
+using hk::tile::GridZ;
 
 // Which scales multiply the sums.
 enum class Scales {
@@ -68,67 +72,24 @@ constexpr bool grouped(Scales scales) {
   return scales == Scales::kBlock || scales == Scales::kWeightBlock;
 }
 
-// What the grid's z blocks do (as in gemm.hip): nothing (z = 1), take one product of a batch
-// each, or take a share of K's groups each and add their sums to an f32 C (weight-only decode).
-enum class GridZ { kNone, kBatch, kSplitK };
-
-// 128 x 128 blocks of C, 64 elements (bytes) deep a step: the 16-bit Square's shape and bytes.
-// NVIDIA copies with cp.async into shared stages. Per-tensor and per-token scales take four
-// waves of 64 x 64 (16 atoms of 16 x 16 each) in 4 stages of 16 KiB of dynamic shared memory
-// (their contracts' `shared`). Block scales keep a second set of accumulators (the scaled total
-// of the finished groups), which at 64 x 64 a wave spills 400 registers and more, so they take
-// eight waves of 64 x 32, 32 deep (at 64 deep sm_90 spilled 4 to 10 registers), in 3 static
-// stages. AMD takes eight waves of 64 x 32 for every scheme, double-buffered through registers
-// (not measured: no AMD GPU here). Weight-only kernels multiply bf16, so 32 elements are the same
-// 64 bytes; they stage through registers on every target (the widening happens there), in two
-// stages, eight waves.
-//
-// FP8 on the H100 (per token; M = 2048 and 8192 over scripts/gemm_q8_bench.py's six Llama-3
-// shapes; TF/s; torch._scaled_mm 1218-1392 in the same run): four waves of 64 x 64, 64 deep in
-// 4 stages, 370-450 (0.29-0.34 of the peer); eight waves of 64 x 32 in 3 stages (the tiling
-// before) 280-340; eight of 64 x 64 as 256 x 128 blocks, 128 deep in 2 stages, 357-452, and
-// 64 deep in 3, 320-393; four of 64 x 64 128 deep in 3 stages 366-418 (spills 40 bytes), 32
-// deep in 4 332-392; eight of 64 x 32 128 deep in 3 stages 307-376; eight of 32 x 64 274-324.
-// int8 in the same run of the bench: 550-812 TOP/s with four waves of 64 x 64, 0.65-0.82 of
-// torch._int_mm (eight waves of 64 x 32: 388-505). What limits FP8: sm_90 has no FP8 mma.sync
-// (hk/tile/mma_sync8.h), so E4M3 is multiplied by the f16 mma.sync, whose peak with register
-// operands alone is 582-637 TF/s on that H100 (E4M3 mma.sync as ptxas emulates it: 268-357):
-// half of what torch._scaled_mm reaches with wgmma, which needs sm_90a code.
-template <Scales kScales, GridZ kZ = GridZ::kNone> struct Tiling {
-  static_assert(kZ != GridZ::kSplitK, "split K has its own tiling");
-  static constexpr unsigned kTileM = 128, kTileN = 128;
-#if HK_AMD
-  static constexpr unsigned kWavesM = 2, kWavesN = 4;
-  static constexpr unsigned kTileK = kScales == Scales::kWeightBlock ? 32 : 64, kStages = 2;
-  static constexpr bool kDynamic = false;
-#else
-  static constexpr bool kSquare = !grouped(kScales);  // four waves of 64 x 64
-  static constexpr unsigned kWavesM = 2, kWavesN = kSquare ? 2 : 4;
-  static constexpr unsigned kTileK = kSquare ? 64 : 32;
-  static constexpr unsigned kStages = kSquare ? 4 : kScales == Scales::kWeightBlock ? 2 : 3;
-  static constexpr bool kDynamic = kSquare;
-#endif
-  static constexpr unsigned kThreads = kWavesM * kWavesN * hk::kWaveSize;
-  static constexpr unsigned kWaveRows = kTileM / kWavesM, kWaveCols = kTileN / kWavesN;
+// 128 x 128 blocks of C, 64 bytes deep a step (32 bf16 elements for weight-only kernels).
+// NVIDIA: per-tensor and per-token scales take four waves of 64 x 64 in 4 stages of dynamic
+// shared memory (their contracts' `shared`); block scales keep a second set of accumulators,
+// so eight waves of 64 x 32, 32 deep, in static stages. AMD: eight waves of 64 x 32 for every
+// scheme.
+template <Scales kScales, GridZ kZ> struct Blocks {
+  static constexpr bool kSquare = !grouped(kScales) && !HK_AMD;  // four waves of 64 x 64
+  static constexpr unsigned kTileK =
+      kSquare || (HK_AMD && kScales != Scales::kWeightBlock) ? 64 : 32;
+  using Tiling = hk::tile::Tiling<128, 128, kTileK, 2, kSquare ? 2 : 4,
+                                  kSquare ? 4 : kScales == Scales::kWeightBlock ? 2 : 3, kSquare>;
 };
-
-// Weight-only decode, K split over the grid's z: gemm.hip's Skinny, four waves of 16 x 16 side
-// by side (blocks of 16 x 64, so that little work is wasted on rows past a small m), 128 deep
-// (AMD 64, so that two blocks' LDS fit a CU), two stages through registers, where the weights
-// are widened.
-template <> struct Tiling<Scales::kWeightBlock, GridZ::kSplitK> {
-  static constexpr unsigned kTileM = 16, kTileN = 64;
-  static constexpr unsigned kWavesM = 1, kWavesN = 4;
-#if HK_AMD
-  static constexpr unsigned kTileK = 64;
-#else
-  static constexpr unsigned kTileK = 128;
-#endif
-  static constexpr unsigned kStages = 2;
-  static constexpr bool kDynamic = false;
-  static constexpr unsigned kThreads = kWavesM * kWavesN * hk::kWaveSize;
-  static constexpr unsigned kWaveRows = kTileM / kWavesM, kWaveCols = kTileN / kWavesN;
+// Weight-only decode, K split over the grid's z: gemm.hip's Skinny.
+template <> struct Blocks<Scales::kWeightBlock, GridZ::kSplitK> {
+  using Tiling = hk::tile::Tiling<16, 64, HK_AMD ? 64 : 128, 1, 4, 2>;
 };
+template <Scales kScales, GridZ kZ = GridZ::kNone>
+using TilingOf = typename Blocks<kScales, kZ>::Tiling;
 
 // The depth and width of a block scale's group (DeepSeek-V3's 1 x 128 and 128 x 128). A block
 // of C lies in one group's width, so one b_scale a group multiplies all of it, and a group is
@@ -136,40 +97,24 @@ template <> struct Tiling<Scales::kWeightBlock, GridZ::kSplitK> {
 constexpr unsigned kScaleGroup = 128;
 template <class Tl> constexpr bool kGroupsFit =
     kScaleGroup % Tl::kTileN == 0 && kScaleGroup % Tl::kTileK == 0;
-static_assert(kGroupsFit<Tiling<Scales::kBlock>> && kGroupsFit<Tiling<Scales::kWeightBlock>> &&
-                  kGroupsFit<Tiling<Scales::kWeightBlock, GridZ::kSplitK>>,
+static_assert(kGroupsFit<TilingOf<Scales::kBlock>> && kGroupsFit<TilingOf<Scales::kWeightBlock>> &&
+                  kGroupsFit<TilingOf<Scales::kWeightBlock, GridZ::kSplitK>>,
               "a block of C shares one b_scale a group, and a group is whole steps deep");
-
-// How B is staged through registers: as it is, or widened from FP8 to the tile's bf16.
-template <class Tile, unsigned kThreads, typename TB, bool kWiden> struct StagedB {
-  using Copy = hk::tile::StagedCopy<Tile, kThreads>;
-};
-template <class Tile, unsigned kThreads, typename TB> struct StagedB<Tile, kThreads, TB, true> {
-  using Copy = hk::tile::WideningCopy<Tile, kThreads, TB>;
-};
-
-// Element strides between the matrices of a batch (the scales are dense: m and n apart).
-struct BatchStrides {
-  unsigned long long a, b, c;
-};
-
-template <typename T, class Tl> struct Stage {
-  hk::tile::SharedTile<T, Tl::kTileM, Tl::kTileK> a;
-  hk::tile::SharedTile<T, Tl::kTileN, Tl::kTileK> b;
-};
 
 #if HK_NVIDIA
 // The contracts (manifests/gemm_a8w8.toml, gemm_fp8_e4m3fn.toml) give the per-tensor and
 // per-token kernels this much dynamic shared memory.
 template <typename T, Scales kScales> constexpr bool kSharedAsContracted =
-    Tiling<kScales>::kDynamic &&
-    Tiling<kScales>::kStages * sizeof(Stage<T, Tiling<kScales>>) == 65536;
+    TilingOf<kScales>::kDynamic &&
+    TilingOf<kScales>::kStages *
+            sizeof(hk::tile::MmaStage<TilingOf<kScales>, T, BLayout::kNK, 1>) ==
+        65536;
 static_assert(kSharedAsContracted<hk::i8, Scales::kPerToken> &&
                   kSharedAsContracted<hk::i8, Scales::kPerTensor>,
               "the stages no longer match the `shared` of the 8-bit GEMMs' contracts");
 #endif
 
-// kZ: what the grid's z blocks do (a batch's products are strides apart). T is A's element
+// kZ: what the grid's z blocks do (a batch's scales are dense: m and n apart). T is A's element
 // type and the one multiplied; TB is B's as stored (T, but for weight-only kernels); Out is C's,
 // bf16, or f32 for a split K, whose splits add to C.
 template <typename T, Scales kScales, bool kBias, GridZ kZ = GridZ::kNone, typename TB = T,
@@ -181,6 +126,8 @@ HK_DEVICE void gemm_q8(Out* __restrict__ c, const T* __restrict__ a, const TB* _
   static_assert(kZ != GridZ::kBatch || kScales == Scales::kPerToken,
                 "a batch has per-token scales");
   static_assert((kZ == GridZ::kSplitK) == __is_same(Out, float), "split K adds to an f32 C");
+  static_assert((kScales == Scales::kWeightBlock) == (sizeof(TB) != sizeof(T)),
+                "only weight-only kernels widen B");
   if constexpr (kZ == GridZ::kBatch) {
     const unsigned long long p = hk::block_idx_z();
     a += p * strides.a;
@@ -189,46 +136,27 @@ HK_DEVICE void gemm_q8(Out* __restrict__ c, const T* __restrict__ a, const TB* _
     a_scale += p * m;
     b_scale += p * n;
   }
-  using Tl = Tiling<kScales, kZ>;
-  using Stage = ::Stage<T, Tl>;
-  Stage* const stage = hk::tile::stages<Stage, Tl::kStages, Tl::kDynamic>();
+  using Tl = TilingOf<kScales, kZ>;
   using Acc = hk::tile::Accumulators<T, Tl::kWaveRows / 16, Tl::kWaveCols / 16>;
   using Atom = typename Acc::Atom;
   static_assert(Tl::kTileK % Atom::kK == 0, "a step is whole atoms deep");
-
   const unsigned steps = (k + Tl::kTileK - 1) / Tl::kTileK;
   const unsigned groups = (k + kScaleGroup - 1) / kScaleGroup;
   constexpr unsigned kStepsPerGroup = kScaleGroup / Tl::kTileK;
-  // This block's steps: all of them, or for a split K an even share of whole groups (a group's
-  // sums are scaled as one); the last splits may get none when z does not divide the groups.
-  unsigned first = 0, last = steps;
-  if constexpr (kZ == GridZ::kSplitK) {
-    const unsigned groups_per_split = (groups + hk::grid_dim_z() - 1) / hk::grid_dim_z();
-    const unsigned per_split = groups_per_split * kStepsPerGroup;
-    first = hk::block_idx_z() * per_split;
-    if (first >= steps) return;  // the whole block: no barrier is skipped by part of it
-    last = steps - first < per_split ? steps : first + per_split;
-  }
-  const hk::tile::BlockTile tile = hk::tile::block_tile();
-  const unsigned row0 = tile.m * Tl::kTileM, col0 = tile.n * Tl::kTileN;
-  const unsigned thread = hk::thread_idx_x();
-  const unsigned wave = hk::wave_id();
-  const unsigned wave_row = wave / Tl::kWavesN * Tl::kWaveRows;
-  const unsigned wave_col = wave % Tl::kWavesN * Tl::kWaveCols;
-  const hk::tile::GlobalMatrix<T> ga{a, m, k, lda};
-  const hk::tile::GlobalMatrix<TB> gb{b, n, k, ldb};
-  constexpr bool kWiden = kScales == Scales::kWeightBlock;
-  static_assert(kWiden == (sizeof(TB) != sizeof(T)), "only weight-only kernels widen B");
-  using BCopy = typename StagedB<decltype(Stage::b), Tl::kThreads, TB, kWiden>::Copy;
+  // A split K takes whole groups: a group's sums are scaled as one.
+  const hk::tile::KRange range = hk::tile::k_range<kZ>(steps, kStepsPerGroup);
+  if (range.idle) return;
+  const TB* const bs[1] = {b};
+  const hk::tile::MmaBlock<Tl, T, BLayout::kNK, 1, TB> block(a, bs, m, n, k, lda, ldb);
+  const unsigned row0 = block.row0 + block.wave_row, col0 = block.col0 + block.wave_col;
 
-  Acc acc;
-  acc.zero();
   // With block scales, acc holds the current group's partial sums and total the scaled sum of
   // the groups before it (unused, and so gone, for the other schemes).
-  Acc total;
+  Acc acc, total;
+  acc.zero();
   total.zero();
   const auto fold = [&](unsigned group) HK_INLINE {
-    const float b_group = b_scale[col0 / kScaleGroup * groups + group];
+    const float b_group = b_scale[block.col0 / kScaleGroup * groups + group];
 #pragma unroll
     for (unsigned i = 0; i < Acc::kTilesM; ++i) {
       // A lane's accumulators of atom row i lie in two rows (Atom::row of v = 0 and v = 2
@@ -238,7 +166,7 @@ HK_DEVICE void gemm_q8(Out* __restrict__ c, const T* __restrict__ a, const TB* _
       for (unsigned v = 0; v < Atom::C::kSize; ++v) {
         // Rows past m sum only the zero fill and are never stored; they read the last
         // row's scale, as theirs are not in a_scale.
-        const unsigned at = row0 + wave_row + i * Atom::kM + Atom::row(v);
+        const unsigned at = row0 + i * Atom::kM + Atom::row(v);
         if constexpr (kScales == Scales::kWeightBlock)
           scale[v] = b_group;
         else
@@ -253,82 +181,15 @@ HK_DEVICE void gemm_q8(Out* __restrict__ c, const T* __restrict__ a, const TB* _
         }
     }
   };
-  const auto multiply = [&](const Stage& s, unsigned step) HK_INLINE {
+  hk::tile::k_loop(block, range, [&](const auto& stage, unsigned step) HK_INLINE {
 #pragma unroll
     for (unsigned kk = 0; kk < Tl::kTileK; kk += Atom::kK)
-      hk::tile::mma<BLayout::kNK>(acc, s.a, s.b, wave_row, wave_col, kk);
+      hk::tile::mma<BLayout::kNK>(acc, stage.a, stage.b[0], block.wave_row, block.wave_col, kk);
     if constexpr (grouped(kScales)) {
       if (step % kStepsPerGroup == kStepsPerGroup - 1 || step + 1 == steps)
         fold(step / kStepsPerGroup);
     }
-  };
-
-  bool vector = ga.vector_rows();
-  if constexpr (kWiden)
-    vector = vector && BCopy::vector_rows(gb);
-  else
-    vector = vector && gb.vector_rows();
-#if HK_NVIDIA
-  if constexpr (!kWiden) {
-    if (vector) {
-      constexpr unsigned kStages = Tl::kStages;
-      const auto copy = [&](unsigned s) HK_INLINE {
-        Stage& to = stage[(s - first) % kStages];
-        hk::tile::copy_async<Tl::kThreads>(to.a, ga, row0, s * Tl::kTileK, thread);
-        hk::tile::copy_async<Tl::kThreads>(to.b, gb, col0, s * Tl::kTileK, thread);
-      };
-#pragma unroll
-      for (unsigned s = first; s + 1 < first + kStages; ++s) {
-        if (s < last) copy(s);
-        hk::tile::async_commit();
-      }
-      for (unsigned s = first; s < last; ++s) {
-        // Step s's copies are done, and after the barrier every wave has finished step s - 1,
-        // whose stage the next copy reuses.
-        hk::tile::async_wait<kStages - 2>();
-        hk::block_sync();
-        if (s + kStages - 1 < last) copy(s + kStages - 1);
-        hk::tile::async_commit();
-        multiply(stage[(s - first) % kStages], s);
-      }
-    } else {
-      // Unaligned rows, the slow path: element by element, no overlap, so that nothing staged
-      // adds to the registers the multiply needs (staging through registers spilled here).
-      for (unsigned s = first; s < last; ++s) {
-        hk::tile::copy_elements<Tl::kThreads>(stage[0].a, ga, row0, s * Tl::kTileK, thread);
-        hk::tile::copy_elements<Tl::kThreads>(stage[0].b, gb, col0, s * Tl::kTileK, thread);
-        hk::block_sync();
-        multiply(stage[0], s);
-        hk::block_sync();
-      }
-    }
-  } else
-#endif
-  {
-    // Through registers: AMD's way, and weight-only kernels' on every target.
-    hk::tile::StagedCopy<decltype(Stage::a), Tl::kThreads> next_a;
-    BCopy next_b;
-    const auto fetch = [&](unsigned s) HK_INLINE {
-      next_a.fetch(ga, row0, s * Tl::kTileK, thread, vector);
-      next_b.fetch(gb, col0, s * Tl::kTileK, thread, vector);
-    };
-    const auto store = [&](Stage& to) HK_INLINE {
-      next_a.store(to.a, thread);
-      next_b.store(to.b, thread);
-    };
-    fetch(first);
-    store(stage[0]);
-    hk::block_sync();
-    for (unsigned s = first; s < last; ++s) {
-      const unsigned now = (s - first) % 2;
-      const bool more = s + 1 < last;
-      if (more) fetch(s + 1);
-      multiply(stage[now], s);
-      // The other stage was last read in step s - 1, before the barrier that ended it.
-      if (more) store(stage[1 - now]);
-      hk::block_sync();
-    }
-  }
+  });
 
   // The scales apply to the finished sums (an i32 sum converts to f32 once, rounding only
   // past 2^24), in the order the reference states: sum · a_scale · b_scale (+ bias); block
@@ -337,7 +198,7 @@ HK_DEVICE void gemm_q8(Out* __restrict__ c, const T* __restrict__ a, const TB* _
   const float tensor_scale = kScales == Scales::kPerTensor ? a_scale[0] * b_scale[0] : 0.0f;
   const Acc& sums = grouped(kScales) ? total : acc;
   sums.for_each([&](unsigned r, unsigned col, auto sum) HK_INLINE {
-    const unsigned row = row0 + wave_row + r, column = col0 + wave_col + col;
+    const unsigned row = row0 + r, column = col0 + col;
     if (row < m && column < n) {
       float x = static_cast<float>(sum);
       if constexpr (kScales == Scales::kPerTensor)
@@ -348,7 +209,7 @@ HK_DEVICE void gemm_q8(Out* __restrict__ c, const T* __restrict__ a, const TB* _
       // Addressed from the wave's corner of the row, so that a lane's columns are constant
       // offsets there: addressed from c, ptxas kept every element's address and bounds test
       // live at once and spilled on sm_80.
-      Out* const line = c + static_cast<unsigned long long>(row) * ldc + col0 + wave_col;
+      Out* const line = c + static_cast<unsigned long long>(row) * ldc + col0;
       if constexpr (kZ == GridZ::kSplitK)
         hk::atomic_add(line + col, x);
       else
@@ -454,17 +315,17 @@ HK_DEVICE void q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const T* __
 // HK_Q8 expands its arguments before HK_Q8_PAIR pastes onto the name.
 #define HK_Q8(name, T, kScales) HK_Q8_PAIR(name, T, kScales)
 #define HK_Q8_PAIR(name, T, kScales)                                                      \
-  HK_Q8_WG_ENTRY(name##_bf16, Tiling<kScales>)(HK_Q8_PARAMS(T), HK_Q8_SIZES) {            \
+  HK_Q8_WG_ENTRY(name##_bf16, TilingOf<kScales>)(HK_Q8_PARAMS(T), HK_Q8_SIZES) {            \
     q8<T, kScales, false>(c, a, b, a_scale, b_scale, nullptr, m, n, k, lda, ldb, ldc);    \
   }                                                                                       \
-  HK_Q8_WG_ENTRY(name##_bias_bf16, Tiling<kScales>)(HK_Q8_PARAMS(T), const hk::bf16* bias, \
+  HK_Q8_WG_ENTRY(name##_bias_bf16, TilingOf<kScales>)(HK_Q8_PARAMS(T), const hk::bf16* bias, \
                                                     HK_Q8_SIZES) {                        \
     q8<T, kScales, true>(c, a, b, a_scale, b_scale, bias, m, n, k, lda, ldb, ldc);        \
   }
 
 // The batched per-token GEMM: the batch's size is the grid's z.
 #define HK_Q8_BATCHED(name, T)                                                                 \
-  HK_Q8_WG_ENTRY(name##_bf16, Tiling<Scales::kPerToken>)(                                      \
+  HK_Q8_WG_ENTRY(name##_bf16, TilingOf<Scales::kPerToken>)(                                      \
       HK_Q8_PARAMS(T), HK_Q8_SIZES, unsigned batch, unsigned long long stride_a,               \
       unsigned long long stride_b, unsigned long long stride_c) {                              \
     (void)batch; /* the grid's z */                                                            \
@@ -476,8 +337,8 @@ HK_DEVICE void q8(hk::bf16* __restrict__ c, const T* __restrict__ a, const T* __
 // and for the split-K kernels (decode) added to in f32. HK_A16W8 pastes the format into the
 // names before HK_A16W8_KERNEL pastes onto them.
 // (The tilings go in by name: a template's comma would split a macro argument.)
-using WeightOnly = Tiling<Scales::kWeightBlock>;
-using WeightOnlySplitK = Tiling<Scales::kWeightBlock, GridZ::kSplitK>;
+using WeightOnly = TilingOf<Scales::kWeightBlock>;
+using WeightOnlySplitK = TilingOf<Scales::kWeightBlock, GridZ::kSplitK>;
 #define HK_A16W8(format)                                                                     \
   HK_A16W8_KERNEL(gemm_a16w8_blockscale_##format##_nt, hk::fp8_##format, GridZ::kNone,       \
                   WeightOnly, hk::bf16, _bf16)                                               \

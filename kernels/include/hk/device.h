@@ -11,9 +11,13 @@
 // A "wave" is AMD's wavefront (64 lanes on gfx9) or NVIDIA's warp (32 lanes).
 #pragma once
 
+// HK_AMD and HK_NVIDIA: 1 for the vendor being compiled for, else 0 (so that constant
+// expressions may choose too, not only #if).
 #if defined(__AMDGCN__)
 #define HK_AMD 1
+#define HK_NVIDIA 0
 #elif defined(__NVPTX__)
+#define HK_AMD 0
 #define HK_NVIDIA 1
 #else
 #error "hk/device.h is for device compiles only: AMDGCN (-x hip --cuda-device-only) or NVPTX (-x cuda --cuda-device-only)"
