@@ -131,6 +131,7 @@ pub mod driver;
 mod error;
 pub mod file;
 pub mod fp8;
+mod image;
 pub mod index;
 mod launch;
 pub mod manifest;

@@ -14,7 +14,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::driver::ImageKind;
+use crate::image::ImageKind;
 
 /// A feature an AMD target ID can pin on or off. No other feature appears in target IDs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

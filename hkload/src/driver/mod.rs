@@ -23,6 +23,7 @@ pub use cuda::CudaDriver;
 pub use hip::HipDriver;
 pub use recording::{Recorded, RecordingDriver};
 
+pub use crate::image::ImageKind;
 use crate::target::TargetId;
 
 /// One GPU as a driver sees it.
@@ -41,17 +42,6 @@ pub struct DeviceInfo {
     /// NVIDIA this is the opt-in maximum (227 KiB on sm_90), which the CUDA driver unlocks per
     /// kernel when a launch asks for more than the default 48 KiB.
     pub shared_memory_per_block: u32,
-}
-
-/// The form of a code image handed to [`Driver::load_module`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ImageKind {
-    /// A bare AMDGPU code object (ELF), for `hipModuleLoadData`.
-    AmdCodeObject,
-    /// An NVIDIA cubin for one SM architecture.
-    Cubin,
-    /// NVIDIA PTX text (NUL-terminated when handed over), compiled by the driver's JIT.
-    Ptx,
 }
 
 /// A module loaded on one device.
