@@ -695,24 +695,3 @@ fn describe_param(ty: ParamType) -> String {
         ParamType::Scalar(t) => format!("a {t} value"),
     }
 }
-
-/// Shared memory (LDS) one block may use on a device of `target`, static and dynamic together,
-/// as the hardware allows it: the CUDA driver reports it for a real NVIDIA device (its opt-in
-/// maximum), this is what drivers that cannot ask (HIP, the recording driver) use.
-///
-/// gfx950 has 160 KiB of LDS per workgroup, earlier CDNA 64 KiB. NVIDIA blocks get 48 KiB
-/// unless the kernel opts in, up to 227 KiB on sm_90, 163 KiB on sm_80 and sm_87, 99 KiB on
-/// the other sm_8x, 96 KiB on sm_70.
-pub(crate) fn shared_memory_limit(target: &TargetId) -> u32 {
-    match target {
-        TargetId::Amd(amd) if amd.processor() == "gfx950" => 160 * 1024,
-        TargetId::Amd(_) => 64 * 1024,
-        TargetId::Nvidia(sm) => match (sm.major(), sm.minor()) {
-            (9, _) => 227 * 1024,
-            (8, 0 | 7) => 163 * 1024,
-            (8, _) => 99 * 1024,
-            (7, 0 | 2) => 96 * 1024,
-            _ => 48 * 1024,
-        },
-    }
-}

@@ -22,7 +22,7 @@
 //! package's own file is not trusted for anything but a clear error: a package split from
 //! another build names another index digest and is refused, naming both.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -119,50 +119,4 @@ pub(crate) fn find_target_package(
 pub(crate) struct FoundPackage {
     pub dir: PathBuf,
     pub target: TargetId,
-}
-
-/// Reads the package at `dir` and checks that it is `target`'s package of the index `index`
-/// (at `index_dir`), split from that very index.
-pub(crate) fn check_target_package(
-    dir: &Path,
-    target: &TargetId,
-    package: &Package,
-    index_digest: &Sha256Digest,
-    index_dir: &Path,
-) -> crate::Result<FoundPackage> {
-    let path = dir.join(TARGET_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| crate::Error::Io {
-        path: path.clone(),
-        detail: e.to_string(),
-    })?;
-    let found = TargetPackage::from_toml(&text).map_err(|detail| crate::Error::Io {
-        path: path.clone(),
-        detail: format!("it is not a target package's description: {detail}"),
-    })?;
-    let same =
-        found.package == *package && found.index_digest == *index_digest && found.target == *target;
-    if !same {
-        return Err(crate::Error::ForeignPackage {
-            package: dir.to_owned(),
-            package_is: describe(
-                &found.package,
-                &found.target.to_string(),
-                &found.index_digest,
-            ),
-            index: index_dir.to_owned(),
-            index_is: describe(package, &target.to_string(), index_digest),
-        });
-    }
-    Ok(FoundPackage {
-        dir: dir.to_owned(),
-        target: *target,
-    })
-}
-
-/// `hk-kernels 0.1.0 for gfx942, index 3b1f…`: enough to tell two builds apart.
-fn describe(package: &Package, target: &str, index_digest: &Sha256Digest) -> String {
-    format!(
-        "{} {} for {target}, index {index_digest}",
-        package.name, package.version
-    )
 }

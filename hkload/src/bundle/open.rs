@@ -10,8 +10,9 @@ use super::{Bundle, Inner, ModuleFile, Source, index_error};
 use crate::error::{Error, Result};
 use crate::index::{INDEX_FILE, Index};
 use crate::manifest::{MANIFEST_FILE, Package, Sha256Digest};
-use crate::package_set;
+use crate::package_set::{self, FoundPackage, TARGET_FILE, TargetPackage};
 use crate::signing::{PublicKey, SIGNATURE_FILE, SignatureError, SignatureFile};
+use crate::target::TargetId;
 
 /// How [`Bundle::open_with`] treats the files it reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,7 +127,7 @@ impl Bundle {
         let mut found = Vec::new();
         for target in bundle.table().build_targets() {
             if let Some(dir) = package_set::find_target_package(name, &target, &dirs) {
-                found.push(package_set::check_target_package(
+                found.push(check_target_package(
                     &dir,
                     &target,
                     &package,
@@ -221,4 +222,50 @@ impl Bundle {
             }),
         }
     }
+}
+
+/// Reads the package at `dir` and checks that it is `target`'s package of the index `index`
+/// (at `index_dir`), split from that very index.
+pub(crate) fn check_target_package(
+    dir: &Path,
+    target: &TargetId,
+    package: &Package,
+    index_digest: &Sha256Digest,
+    index_dir: &Path,
+) -> crate::Result<FoundPackage> {
+    let path = dir.join(TARGET_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| crate::Error::Io {
+        path: path.clone(),
+        detail: e.to_string(),
+    })?;
+    let found = TargetPackage::from_toml(&text).map_err(|detail| crate::Error::Io {
+        path: path.clone(),
+        detail: format!("it is not a target package's description: {detail}"),
+    })?;
+    let same =
+        found.package == *package && found.index_digest == *index_digest && found.target == *target;
+    if !same {
+        return Err(crate::Error::ForeignPackage {
+            package: dir.to_owned(),
+            package_is: describe(
+                &found.package,
+                &found.target.to_string(),
+                &found.index_digest,
+            ),
+            index: index_dir.to_owned(),
+            index_is: describe(package, &target.to_string(), index_digest),
+        });
+    }
+    Ok(FoundPackage {
+        dir: dir.to_owned(),
+        target: *target,
+    })
+}
+
+/// `hk-kernels 0.1.0 for gfx942, index 3b1f…`: enough to tell two builds apart.
+fn describe(package: &Package, target: &str, index_digest: &Sha256Digest) -> String {
+    format!(
+        "{} {} for {target}, index {index_digest}",
+        package.name, package.version
+    )
 }

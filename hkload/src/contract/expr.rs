@@ -261,14 +261,6 @@ impl fmt::Display for Expr {
     }
 }
 
-impl std::str::FromStr for Expr {
-    type Err = super::SyntaxError;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        super::parse::parse(text)
-    }
-}
-
 /// The tree as the index stores it: MessagePack, decoded without parsing text.
 #[derive(Serialize, Deserialize)]
 #[serde(remote = "Expr")]

@@ -31,6 +31,14 @@ pub(crate) fn parse(text: &str) -> Result<Expr, SyntaxError> {
     }
 }
 
+impl std::str::FromStr for Expr {
+    type Err = SyntaxError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        parse(text)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 enum Token<'a> {
     Int(i64),

@@ -633,7 +633,7 @@ impl Api {
         Ok(DeviceInfo {
             ordinal: ordinal as usize,
             name,
-            shared_memory_per_block: crate::launch::shared_memory_limit(&target),
+            shared_memory_per_block: super::shared_memory_limit(&target),
             target,
             compute_units,
         })

@@ -132,7 +132,7 @@ impl Driver for RecordingDriver {
                 name: format!("simulated {target}"),
                 target: *target,
                 compute_units: SIMULATED_COMPUTE_UNITS,
-                shared_memory_per_block: crate::launch::shared_memory_limit(target),
+                shared_memory_per_block: super::shared_memory_limit(target),
             })
             .collect())
     }
