@@ -8,8 +8,9 @@
 //   C = A·B (+ bias[n]) in the input type, or f32 (_out_f32), rounded once from the f32 sum.
 //   Blocks of 128 x 128, for m in the hundreds and up.
 // gemm_a16w16_splitk_nt_{bf16,f16}[_bias](c, a, b, [bias,] m, n, k, lda, ldb, ldc)
-//   C += A·Bᵀ (+ bias[n]) into an f32 C, for decode (m up to about 64, k large): blocks of
-//   16 x 64, and K split across the grid's z blocks, which add their parts with f32 atomics
+//   C += A·Bᵀ (+ bias[n]) into an f32 C, for decode and small batches (m up to a few
+//   hundred, k large): blocks of 16 x 64 (on sm_90a past 16 rows, the wgmma program's 128 x
+//   128), and K split across the grid's z blocks, which add their parts with f32 atomics
 //   (so C must hold what the product adds to, zeros for a plain product, and the sum's
 //   rounding order varies from run to run). Any z is correct; the contract picks one that
 //   fills the device.
@@ -42,9 +43,16 @@ using hk::tile::Tiling;
 
 // 128 x 128 blocks, four waves of 64 x 64, 32 deep: NVIDIA in 4 stages of dynamic shared
 // memory (manifests/gemm.toml's `shared`); AMD in 2 of static LDS, so that two blocks fit a CU.
+// gfx950's LDS (160 KiB) holds two blocks of 64-deep stages: two of its 32-deep MFMAs a step.
+#if defined(__gfx950__)
+using Square = Tiling<128, 128, 64, 2, 2, 2>;
+#else
 using Square = Tiling<128, 128, 32, 2, 2, 4, true>;
+#endif
 // Decode (split K): four waves of 16 x 16 side by side, 128 deep (AMD 64, for two blocks' LDS).
-using Skinny = Tiling<16, 64, HK_AMD ? 64 : 128, 1, 4, 2>;
+// On sm_90a its stages are dynamic, as the kernels' wgmma program's are (static ones would add
+// to the program's).
+using Skinny = Tiling<16, 64, HK_AMD ? 64 : 128, 1, 4, 2, HK_SM90A>;
 // The gated GEMM's two products: four waves of 64 x 32 each.
 using GatedTiling = Tiling<128, 64, 32, 2, 2, 3>;
 
@@ -141,29 +149,42 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
 // (wide) or, when those would leave most of the GPU idle (the contract decides, and the kernel
 // reads its choice off the grid), 128 x 128 (narrow); K in steps of 64 (a tile row is one
 // 128-byte swizzled row). A producer warpgroup copies, two consumer warpgroups multiply 64 rows
-// each (128 or 64 f32 sums a thread); wide blocks in 4 stages, narrow ones in 6.
-template <typename T, typename Out, bool kBias, unsigned kTileN, unsigned kStages>
+// each (128 or 64 f32 sums a thread); wide blocks in 4 stages, narrow ones in 6. Split K (the
+// grid's z, narrow blocks) adds each split's sums to an f32 C with atomics.
+template <typename T, typename Out, bool kBias, unsigned kTileN, unsigned kStages,
+          bool kAdd = false>
 struct WgmmaGemm : hk::tile::WgmmaNt<T, 128, kTileN, kStages> {
   Out* c;
   unsigned m, n, ldc;
 
-  // The sums start from the bias, or zero.
+  // The sums start from the bias (split K: in the first split only), or zero.
   HK_DEVICE void start(const T* __restrict__ bias) {
+    const bool add_bias = kBias && (!kAdd || hk::block_idx_z() == 0);
 #pragma unroll
     for (unsigned v = 0; v < kTileN / 2; ++v) {
       const unsigned column = this->col0 + hk::tile::wgmma::Layout::col(v);
-      this->acc[v] = kBias && column < n ? hk::to_float(bias[column]) : 0.0f;
+      this->acc[v] = add_bias && column < n ? hk::to_float(bias[column]) : 0.0f;
     }
   }
 
   HK_DEVICE void finish(unsigned consumer) {
     hk::tile::wgmma::pin(this->acc);
-    hk::tile::store_pairs(c, m, n, ldc, *this, consumer,
-                          [&](unsigned v, unsigned, unsigned) HK_INLINE { return this->acc[v]; });
+    if constexpr (kAdd) {
+      this->for_each_pair(consumer, [&](unsigned row, unsigned column, unsigned v) HK_INLINE {
+        if (row >= m) return;
+        Out* to = c + static_cast<unsigned long long>(row) * ldc + column;
+        if (column < n) hk::atomic_add(to, this->acc[v]);
+        if (column + 1 < n) hk::atomic_add(to + 1, this->acc[v + 1]);
+      });
+    } else {
+      hk::tile::store_pairs(c, m, n, ldc, *this, consumer,
+                            [&](unsigned v, unsigned, unsigned) HK_INLINE { return this->acc[v]; });
+    }
   }
 };
 template <typename T, typename Out, bool kBias> using WideGemm = WgmmaGemm<T, Out, kBias, 256, 4>;
-template <typename T, typename Out, bool kBias> using NarrowGemm = WgmmaGemm<T, Out, kBias, 128, 6>;
+template <typename T, typename Out, bool kBias, bool kAdd = false>
+using NarrowGemm = WgmmaGemm<T, Out, kBias, 128, 6, kAdd>;
 constexpr unsigned kWgmmaThreads = WideGemm<hk::bf16, hk::bf16, false>::kThreads;
 
 // The contracts (manifests/gemm.toml) give the _nt kernels this much dynamic shared memory on
@@ -172,36 +193,67 @@ static_assert(WideGemm<hk::bf16, hk::bf16, false>::Ring::kSharedBytes == 197696 
                   NarrowGemm<hk::f16, float, true>::Ring::kSharedBytes == 197728 &&
                   NarrowGemm<hk::bf16, hk::bf16, false>::kThreads == kWgmmaThreads,
               "the wgmma rings no longer match the `shared` of manifests/gemm.toml's contracts");
+static_assert(Skinny::kDynamic && Skinny::kStages * sizeof(hk::tile::MmaStage<Skinny, hk::bf16,
+                                                                               BLayout::kNK, 1>) ==
+                                      40960,
+              "Skinny's stages no longer match the sm_90a `shared` of the split-K contracts");
 
-template <class Program, typename T, typename Out>
+template <class Program, GridZ kZ, typename T, typename Out>
 HK_DEVICE void run_wgmma(Out* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
                          const T* __restrict__ bias, unsigned m, unsigned n, unsigned k,
                          unsigned lda, unsigned ldb, unsigned ldc) {
+  const hk::tile::KRange range = hk::tile::k_range<kZ>(Program::steps(k));
+  if (range.idle) return;
+  // The block's K range as views of A and B from its first step on.
+  const unsigned k0 = range.first * Program::kTileK;
   const hk::tile::BlockTile tile = hk::tile::block_tile();
-  Program p{{{a, m, k, lda}, {b, n, k, ldb}, tile.m * Program::kTileM, tile.n * Program::kTileN},
-            c, m, n, ldc};
+  Program p{{{a + k0, m, k - k0, lda},
+             {b + k0, n, k - k0, ldb},
+             tile.m * Program::kTileM,
+             tile.n * Program::kTileN},
+            c,
+            m,
+            n,
+            ldc};
   if (hk::thread_idx_x() >= hk::tile::kWarpgroupThreads) p.start(bias);
-  hk::tile::run_pipeline<typename Program::Ring>(p, Program::steps(k));
+  hk::tile::run_pipeline<typename Program::Ring>(p, range.last - range.first);
 }
 
 template <typename T, typename Out, bool kBias, GridZ kZ>
 HK_DEVICE void gemm_wgmma(Out* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
                           const T* __restrict__ bias, unsigned m, unsigned n, unsigned k,
                           unsigned lda, unsigned ldb, unsigned ldc, BatchStrides strides = {}) {
-  static_assert(kZ != GridZ::kSplitK, "the wgmma program has no split-K role");
   if constexpr (kZ == GridZ::kBatch) {
     const unsigned long long i = hk::block_idx_z();
     a += i * strides.a;
     b += i * strides.b;
     c += i * strides.c;
   }
-  // More column blocks than 256-wide ones would need: the contract chose narrow blocks.
-  if (hk::grid_dim_x() > (n + 255) / 256)
-    run_wgmma<NarrowGemm<T, Out, kBias>>(c, a, b, bias, m, n, k, lda, ldb, ldc);
-  else
-    run_wgmma<WideGemm<T, Out, kBias>>(c, a, b, bias, m, n, k, lda, ldb, ldc);
+  // Split K takes narrow blocks; otherwise more column blocks than 256-wide ones would need
+  // say the contract chose them.
+  constexpr bool kSplit = kZ == GridZ::kSplitK;
+  if (kSplit || hk::grid_dim_x() > (n + 255) / 256)
+    run_wgmma<NarrowGemm<T, Out, kBias, kSplit>, kZ>(c, a, b, bias, m, n, k, lda, ldb, ldc);
+  else if constexpr (!kSplit)
+    run_wgmma<WideGemm<T, Out, kBias>, kZ>(c, a, b, bias, m, n, k, lda, ldb, ldc);
 }
 #endif
+
+// The split-K kernels' program: Skinny's, or on sm_90a, when the contract gives the block the
+// wgmma program's threads (m past 16), that program's narrow blocks.
+template <typename T, bool kBias>
+HK_DEVICE void split_k(float* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
+                       const T* __restrict__ bias, unsigned m, unsigned n, unsigned k,
+                       unsigned lda, unsigned ldb, unsigned ldc) {
+#if HK_SM90A
+  if (hk::block_dim_x() == kWgmmaThreads) {
+    gemm_wgmma<T, float, kBias, GridZ::kSplitK>(c, a, b, bias, m, n, k, lda, ldb, ldc);
+    return;
+  }
+#endif
+  gemm<Skinny, T, float, BLayout::kNK, kBias, GridZ::kSplitK>(c, a, b, bias, m, n, k, lda, ldb,
+                                                              ldc);
+}
 
 // The 128 x 128 kernels' program: Square's, or on sm_90a with B stored [N][K] the wgmma program.
 template <typename T, typename Out, BLayout kB, bool kBias, GridZ kZ>
@@ -221,19 +273,17 @@ HK_DEVICE void square(Out* __restrict__ c, const T* __restrict__ a, const T* __r
 // Two blocks per SM / CU at least: on NVIDIA that caps a Square thread at 255 registers, enough
 // for its 128 accumulators and the operand fragments without spilling. sm_90a's wgmma program
 // takes a whole SM (its consumers need 232 registers a thread, and its ring 193 KiB).
-#define HK_GEMM_ENTRY(Tl, name) \
-  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Tl::kThreads, 2) void gemm_a16w16_##name
 #if HK_SM90A
 #define HK_SQUARE_BOUNDS(kB)                                                               \
   HK_LAUNCH_BOUNDS_MIN_BLOCKS(kB == BLayout::kNK ? kWgmmaThreads : Square::kThreads, \
                               kB == BLayout::kNK ? 1 : 2)
+#define HK_SPLITK_BOUNDS HK_LAUNCH_BOUNDS_MIN_BLOCKS(kWgmmaThreads, 1)
 #else
 #define HK_SQUARE_BOUNDS(kB) HK_LAUNCH_BOUNDS_MIN_BLOCKS(Square::kThreads, 2)
+#define HK_SPLITK_BOUNDS HK_LAUNCH_BOUNDS_MIN_BLOCKS(Skinny::kThreads, 2)
 #endif
 #define HK_GEMM_PARAMS(Out, T) Out *c, const T *a, const T *b
 #define HK_GEMM_SIZES unsigned m, unsigned n, unsigned k, unsigned lda, unsigned ldb, unsigned ldc
-#define HK_GEMM_CALL(Tl, T, Out, kB, kBias, kZ, bias) \
-  gemm<Tl, T, Out, kB, kBias, kZ>(c, a, b, bias, m, n, k, lda, ldb, ldc);
 
 #define HK_GEMM(layout, kB, name, T, out_suffix, Out)                                      \
   HK_KERNEL HK_SQUARE_BOUNDS(kB) void gemm_a16w16_##layout##_##name##out_suffix(            \
@@ -252,13 +302,14 @@ HK_DEVICE void square(Out* __restrict__ c, const T* __restrict__ a, const T* __r
 HK_GEMM_ALL(nt, BLayout::kNK)
 HK_GEMM_ALL(nn, BLayout::kKN)
 
-#define HK_GEMM_SPLITK(name, T)                                                          \
-  HK_GEMM_ENTRY(Skinny, splitk_nt_##name)(HK_GEMM_PARAMS(float, T), HK_GEMM_SIZES) {    \
-    HK_GEMM_CALL(Skinny, T, float, BLayout::kNK, false, GridZ::kSplitK, nullptr)   \
-  }                                                                                      \
-  HK_GEMM_ENTRY(Skinny, splitk_nt_##name##_bias)(HK_GEMM_PARAMS(float, T), const T* bias, \
-                                                 HK_GEMM_SIZES) {                        \
-    HK_GEMM_CALL(Skinny, T, float, BLayout::kNK, true, GridZ::kSplitK, bias)       \
+#define HK_GEMM_SPLITK(name, T)                                                              \
+  HK_KERNEL HK_SPLITK_BOUNDS void gemm_a16w16_splitk_nt_##name(HK_GEMM_PARAMS(float, T),      \
+                                                               HK_GEMM_SIZES) {               \
+    split_k<T, false>(c, a, b, nullptr, m, n, k, lda, ldb, ldc);                              \
+  }                                                                                           \
+  HK_KERNEL HK_SPLITK_BOUNDS void gemm_a16w16_splitk_nt_##name##_bias(                        \
+      HK_GEMM_PARAMS(float, T), const T* bias, HK_GEMM_SIZES) {                               \
+    split_k<T, true>(c, a, b, bias, m, n, k, lda, ldb, ldc);                                  \
   }
 HK_GEMM_SPLITK(bf16, hk::bf16)
 HK_GEMM_SPLITK(f16, hk::f16)

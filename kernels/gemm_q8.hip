@@ -76,11 +76,17 @@ constexpr bool grouped(Scales scales) {
 // NVIDIA: per-tensor and per-token scales take four waves of 64 x 64 in 4 stages of dynamic
 // shared memory (their contracts' `shared`); block scales keep a second set of accumulators,
 // so eight waves of 64 x 32, 32 deep, in static stages. AMD: eight waves of 64 x 32 for every
-// scheme.
+// scheme; gfx950's LDS (160 KiB) holds two blocks of 128-byte steps.
+#if defined(__gfx950__)
+constexpr unsigned kAmdStepBytes = 128;
+#else
+constexpr unsigned kAmdStepBytes = 64;
+#endif
 template <Scales kScales, GridZ kZ> struct Blocks {
   static constexpr bool kSquare = !grouped(kScales) && !HK_AMD;  // four waves of 64 x 64
-  static constexpr unsigned kTileK =
-      kSquare || (HK_AMD && kScales != Scales::kWeightBlock) ? 64 : 32;
+  static constexpr unsigned kTileK = kSquare                                      ? 64
+                                     : HK_AMD && kScales != Scales::kWeightBlock ? kAmdStepBytes
+                                                                                  : 32;
   using Tiling = hk::tile::Tiling<128, 128, kTileK, 2, kSquare ? 2 : 4,
                                   kSquare ? 4 : kScales == Scales::kWeightBlock ? 2 : 3, kSquare>;
 };

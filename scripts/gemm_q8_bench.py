@@ -36,7 +36,7 @@ import hkload
 import torch
 
 SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
-MS = [16, 2048, 8192]
+MS = [16, 64, 128, 256, 2048, 8192]
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
 

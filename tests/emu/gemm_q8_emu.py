@@ -317,7 +317,9 @@ def cases(module):
     for scales in schemes:
         out += [
             (scales, False, 33, 70, 61, (2, 1, 2)),     # unaligned rows: element by element
-            (scales, True, 130, 129, 96, (16, 0, 3)),   # 2 x 2 blocks, aligned rows, a K tail
+            # 2 x 2 blocks, aligned rows: whole steps (the whole-chunk K loop, which the broken
+            # copy's first MFMA lies in), then a K tail (the chunk-by-chunk loop).
+            (scales, True, 130, 129, 288, (16, 0, 3)),
             (scales, True, 1, 17, 200, (0, 8, 0)),      # M = 1; rows of B unaligned
         ]
     if module == "gemm_a16w8":

@@ -93,15 +93,20 @@ fn gemm_fits_every_amd_target_and_uses_its_mfma() {
             };
             let mnemonics = mnemonics(body);
             let count = mnemonics.iter().filter(|&&m| m == want).count();
-            // Atoms a wave holds (4 x 4 of a 64 x 64 wave block; 1 x 2 of split K's 16 x 32)
-            // times the 32-deep step's k over the atom's kK, in each of the two K loops (one
-            // per copy path, chosen before the loop).
-            let atoms = if record.symbol.contains("splitk") {
-                2
+            // Atoms a wave holds (4 x 4 of a 64 x 64 wave block, 2 x (4 x 2) for the gated
+            // kernels' two products, 1 of split K's 16 x 16) times the step's depth over the
+            // instruction's k (16; 32 on gfx950), in each of the two K loops (one per copy path,
+            // chosen before the loop). Steps are 32 deep, split K's 64, and on gfx950, whose
+            // LDS holds two blocks of them, the 128 x 128 kernels' 64.
+            let gfx950 = target == "gfx950";
+            let (atoms, depth) = if record.symbol.contains("splitk") {
+                (1, 64)
+            } else if record.symbol.contains("gated") {
+                (16, 32)
             } else {
-                16
+                (16, if gfx950 { 64 } else { 32 })
             };
-            let expected = 2 * atoms * if target == "gfx950" { 1 } else { 2 };
+            let expected = 2 * atoms * depth / if gfx950 { 32 } else { 16 };
             assert_eq!(
                 count, expected,
                 "{} on {target}: {count} x {want}, expected {expected}",

@@ -22,23 +22,25 @@ use hkload::Bundle;
 use hkload::manifest::{BundleManifest, MANIFEST_FILE};
 use hkload::target::TargetId;
 
-/// `(target, LDS bytes a workgroup may have, int8 MFMA, its count in a kernel)`: eight atoms a
-/// wave (64 x 32 of 16 x 16) times the 64-byte step's k over the instruction's k.
+/// `(target, LDS bytes a workgroup may have, int8 MFMA, its count in a step)`: eight atoms a
+/// wave (64 x 32 of 16 x 16) times the step's bytes (64; 128 on gfx950, whose LDS holds two
+/// blocks of them) over the instruction's k.
 const TARGETS: [(&str, u32, &str, usize); 3] = [
     ("gfx90a", 64 * 1024, "v_mfma_i32_16x16x16i8", 8 * 4),
     ("gfx942", 64 * 1024, "v_mfma_i32_16x16x32_i8", 8 * 2),
-    ("gfx950", 160 * 1024, "v_mfma_i32_16x16x64_i8", 8),
+    ("gfx950", 160 * 1024, "v_mfma_i32_16x16x64_i8", 8 * 2),
 ];
 
 /// The FP8 MFMA of gfx942 and gfx950 (one encoding, read as FNUZ on gfx942 and OCP on
-/// gfx950), and its count: eight atoms a wave times 64 / 32.
-const FP8_MFMA: (&str, usize) = ("v_mfma_f32_16x16x32_fp8_fp8", 8 * 2);
+/// gfx950).
+const FP8_MFMA: &str = "v_mfma_f32_16x16x32_fp8_fp8";
 
-/// `(module, the AMD target it is built for, its element type as the ABI names it)`: each FP8
-/// format goes only where the MFMA reads it.
-const FP8_MODULES: [(&str, &str, &str); 2] = [
-    ("gemm_fp8_e4m3fnuz", "gfx942", "fp8_e4m3fnuz"),
-    ("gemm_fp8_e4m3fn", "gfx950", "fp8_e4m3fn"),
+/// `(module, the AMD target it is built for, its element type as the ABI names it, its MFMA
+/// count in a step)`: each FP8 format goes only where the MFMA reads it; eight atoms a wave
+/// times the step's bytes (as for int8) over 32.
+const FP8_MODULES: [(&str, &str, &str, usize); 2] = [
+    ("gemm_fp8_e4m3fnuz", "gfx942", "fp8_e4m3fnuz", 8 * 2),
+    ("gemm_fp8_e4m3fn", "gfx950", "fp8_e4m3fn", 8 * 4),
 ];
 
 /// The weight-only module, and per target its bf16 MFMA and count: eight atoms a wave times
@@ -124,7 +126,7 @@ fn q8_gemms_fit_every_amd_target_and_use_its_mfma() {
             }
             let bf16 = A16W8.1.iter().find(|t| t.0 == target).unwrap();
             let (want, count) = match fp8 {
-                Some(_) => FP8_MFMA,
+                Some(&(.., count)) => (FP8_MFMA, count),
                 None if module.name == A16W8.0 => (bf16.1, bf16.2),
                 None => (int8_mfma, int8_count),
             };
@@ -192,7 +194,7 @@ fn each_fp8_format_is_built_only_for_the_target_whose_mfma_reads_it() {
             .unwrap();
     let kernels = Bundle::open(&bundle).unwrap();
     let records = kernels.kernel_records().unwrap();
-    for (name, target, element) in FP8_MODULES {
+    for (name, target, element, _) in FP8_MODULES {
         let module = manifest.modules.iter().find(|m| m.name == name).unwrap();
         // The module holds one AMD code object, and its ELF header says which processor it
         // was compiled for: the one whose MFMA reads `element`.
@@ -235,8 +237,8 @@ fn each_fp8_format_is_built_only_for_the_target_whose_mfma_reads_it() {
 #[test]
 fn the_compiler_refuses_an_fp8_format_the_target_mfma_does_not_read() {
     // Each FP8 module built for the other FP8 target, as if its skip_targets were forgotten.
-    for (name, _, element) in FP8_MODULES {
-        let (_, other, other_element) = FP8_MODULES.iter().find(|m| m.0 != name).unwrap();
+    for (name, _, element, _) in FP8_MODULES {
+        let (_, other, other_element, _) = FP8_MODULES.iter().find(|m| m.0 != name).unwrap();
         let scratch = tempfile::tempdir().unwrap();
         let folder = scratch.path().join("manifests");
         std::fs::create_dir_all(&folder).unwrap();
@@ -284,7 +286,7 @@ fn q8_gemms_compute_on_the_cdna_emulator() {
         let dir = scratch.path().join(module);
         std::fs::create_dir_all(&dir).unwrap();
         let targets: Vec<&str> = match FP8_MODULES.iter().find(|m| m.0 == module) {
-            Some(&(_, target, _)) => vec![target],
+            Some(&(_, target, ..)) => vec![target],
             None => TARGETS.iter().map(|t| t.0).collect(),
         };
         let bundle = build_repo_modules(&dir, &[manifest], &targets);

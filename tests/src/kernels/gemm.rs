@@ -530,9 +530,11 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
         ));
     }
     // Split K: decode sizes, z from 1 to more splits than K has 128-deep steps (the extra
-    // blocks add nothing), views and unaligned rows.
-    let split_shapes: [(Size, Size, u32); 6] = [
+    // blocks add nothing), views and unaligned rows; past 16 rows (sm_90a's wgmma program),
+    // two row blocks and a partial column block.
+    let split_shapes: [(Size, Size, u32); 7] = [
         ((1, 4096, 4096), (0, 0, 0), 9),
+        ((130, 520, 4096), (0, 0, 0), 5),
         ((16, 1000, 14336), (0, 0, 0), 7),
         ((7, 127, 4096), (8, 8, 3), 1),
         ((64, 300, 1000), (0, 0, 0), 40),
