@@ -38,8 +38,8 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::abi::{Param, ParamType};
-pub use expr::{BinaryOp, Expr, Function};
-pub use parse::{MAX_DEPTH, SyntaxError};
+pub use expr::{BinaryOp, Expr, Function, MAX_DEPTH};
+pub use parse::SyntaxError;
 pub use program::{EvalError, Facts, MAX_LETS, MAX_PARAMS, Program, Run};
 
 /// A kernel's launch contract as declared (see the [module docs](self)).

@@ -1,7 +1,7 @@
 //! Reading contract expressions from text (the grammar is in [`super::expr`]). Errors give the
 //! byte offset in the text, which hkpack turns into a manifest's line and column.
 
-use super::expr::{BinaryOp, Expr, Function, Precedence};
+use super::expr::{BinaryOp, Expr, Function, MAX_DEPTH, Precedence};
 
 /// Text that is not an expression, and where in it the problem starts.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -13,10 +13,6 @@ pub struct SyntaxError {
     pub message: String,
 }
 
-/// The deepest nesting accepted, far beyond any real contract: it bounds the recursion of
-/// everything that walks a tree.
-pub const MAX_DEPTH: usize = 64;
-
 pub(crate) fn parse(text: &str) -> Result<Expr, SyntaxError> {
     let mut parser = Parser {
         text,
@@ -24,7 +20,7 @@ pub(crate) fn parse(text: &str) -> Result<Expr, SyntaxError> {
         next: 0,
         depth: 0,
     };
-    let expr = parser.expr()?;
+    let expr = parser.expr()?.expr;
     match parser.peek() {
         None => Ok(expr),
         Some((_, at)) => Err(parser.error(at, "unexpected text after the expression")),
@@ -105,7 +101,22 @@ struct Parser<'a> {
     text: &'a str,
     tokens: Vec<(Token<'a>, usize)>,
     next: usize,
+    /// How deeply the parser's own calls nest, which parentheses raise without making the tree
+    /// any higher.
     depth: usize,
+}
+
+/// An expression parsed, and its height: the nodes on its longest path, counted as it is built
+/// since a chain of operators grows the tree without nesting the parser's calls.
+struct Parsed {
+    expr: Expr,
+    height: usize,
+}
+
+impl Parsed {
+    fn leaf(expr: Expr) -> Self {
+        Self { expr, height: 1 }
+    }
 }
 
 impl<'a> Parser<'a> {
@@ -152,49 +163,72 @@ impl<'a> Parser<'a> {
         })
     }
 
+    fn too_deep(&self, offset: usize) -> SyntaxError {
+        self.error(
+            offset,
+            format!("the expression nests deeper than {MAX_DEPTH} levels"),
+        )
+    }
+
     /// Runs `parse` one level deeper, refusing to go past [`MAX_DEPTH`].
     fn nested(
         &mut self,
-        parse: impl FnOnce(&mut Self) -> Result<Expr, SyntaxError>,
-    ) -> Result<Expr, SyntaxError> {
+        parse: impl FnOnce(&mut Self) -> Result<Parsed, SyntaxError>,
+    ) -> Result<Parsed, SyntaxError> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
-            return Err(self.error(
-                self.here(),
-                format!("the expression nests deeper than {MAX_DEPTH} levels"),
-            ));
+            return Err(self.too_deep(self.here()));
         }
-        let expr = parse(self);
+        let parsed = parse(self);
         self.depth -= 1;
-        expr
+        parsed
     }
 
-    fn expr(&mut self) -> Result<Expr, SyntaxError> {
+    /// `expr` over `children`, one level higher than the highest of them, refused if that is
+    /// past [`MAX_DEPTH`] (`at` is where the node's operator is written).
+    fn node(&self, at: usize, expr: Expr, children: &[usize]) -> Result<Parsed, SyntaxError> {
+        let height = 1 + children.iter().copied().max().unwrap_or(0);
+        if height > MAX_DEPTH {
+            return Err(self.too_deep(at));
+        }
+        Ok(Parsed { expr, height })
+    }
+
+    fn expr(&mut self) -> Result<Parsed, SyntaxError> {
         self.nested(|p| {
             let condition = p.binary(Precedence::OR)?;
+            let at = p.here();
             if !p.eat("?") {
                 return Ok(condition);
             }
             let then = p.expr()?;
             p.expect(":", "after the `?` branch of a conditional")?;
             let otherwise = p.expr()?;
-            Ok(Expr::Cond(
-                Box::new(condition),
-                Box::new(then),
-                Box::new(otherwise),
-            ))
+            let heights = [condition.height, then.height, otherwise.height];
+            let expr = Expr::Cond(
+                Box::new(condition.expr),
+                Box::new(then.expr),
+                Box::new(otherwise.expr),
+            );
+            p.node(at, expr, &heights)
         })
     }
 
-    fn binary(&mut self, level: u8) -> Result<Expr, SyntaxError> {
+    fn binary(&mut self, level: u8) -> Result<Parsed, SyntaxError> {
         if level == Precedence::UNARY {
             return self.unary();
         }
         let mut left = self.binary(level + 1)?;
-        while let Some(op) = self.operator(level) {
+        loop {
+            let operator_at = self.here();
+            let Some(op) = self.operator(level) else {
+                return Ok(left);
+            };
             let at = self.here();
             let right = self.binary(level + 1)?;
-            left = Expr::Binary(op, Box::new(left), Box::new(right));
+            let heights = [left.height, right.height];
+            let expr = Expr::Binary(op, Box::new(left.expr), Box::new(right.expr));
+            left = self.node(operator_at, expr, &heights)?;
             if op.is_comparison() && self.operator(level).is_some() {
                 return Err(self.error(
                     at,
@@ -202,22 +236,24 @@ impl<'a> Parser<'a> {
                 ));
             }
         }
-        Ok(left)
     }
 
-    fn unary(&mut self) -> Result<Expr, SyntaxError> {
+    fn unary(&mut self) -> Result<Parsed, SyntaxError> {
         self.nested(|p| {
+            let at = p.here();
             if p.eat("-") {
-                Ok(Expr::Neg(Box::new(p.unary()?)))
+                let operand = p.unary()?;
+                p.node(at, Expr::Neg(Box::new(operand.expr)), &[operand.height])
             } else if p.eat("!") {
-                Ok(Expr::Not(Box::new(p.unary()?)))
+                let operand = p.unary()?;
+                p.node(at, Expr::Not(Box::new(operand.expr)), &[operand.height])
             } else {
                 p.primary()
             }
         })
     }
 
-    fn primary(&mut self) -> Result<Expr, SyntaxError> {
+    fn primary(&mut self) -> Result<Parsed, SyntaxError> {
         let at = self.here();
         let Some((token, _)) = self.peek() else {
             return Err(self.error(at, "the expression ends too early"));
@@ -225,12 +261,12 @@ impl<'a> Parser<'a> {
         match token.clone() {
             Token::Int(value) => {
                 self.next += 1;
-                Ok(Expr::Int(value))
+                Ok(Parsed::leaf(Expr::Int(value)))
             }
             Token::Name(name) => {
                 self.next += 1;
                 if !self.eat("(") {
-                    return Ok(Expr::Name(name.to_owned()));
+                    return Ok(Parsed::leaf(Expr::Name(name.to_owned())));
                 }
                 let function = Function::from_name(name).ok_or_else(|| {
                     let known: Vec<&str> = Function::ALL.iter().map(|f| f.name()).collect();
@@ -250,7 +286,9 @@ impl<'a> Parser<'a> {
                 function
                     .check_arity(args.len())
                     .map_err(|message| self.error(at, message))?;
-                Ok(Expr::Call(function, args))
+                let heights: Vec<usize> = args.iter().map(|arg| arg.height).collect();
+                let args = args.into_iter().map(|arg| arg.expr).collect();
+                self.node(at, Expr::Call(function, args), &heights)
             }
             Token::Punct("(") => {
                 self.next += 1;
@@ -302,5 +340,59 @@ mod tests {
         assert_eq!(at("99999999999999999999"), 0);
         assert!(parse(&"(".repeat(200)).is_err());
         assert!(parse(&"-".repeat(200)).is_err());
+    }
+
+    /// Runs `f` on a thread with the default 2 MiB stack, where unbounded recursion over a
+    /// deep tree would overflow.
+    fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    /// `n + n + ... + n`, `terms` terms: a left-deep chain as deep as it is long.
+    fn sum(terms: usize) -> String {
+        vec!["n"; terms].join(" + ")
+    }
+
+    #[test]
+    fn a_chain_deeper_than_the_limit_is_an_error() {
+        let error = on_small_stack(|| parse(&sum(200_000)).unwrap_err());
+        assert_eq!(
+            error.message,
+            format!("the expression nests deeper than {MAX_DEPTH} levels")
+        );
+        // At the operator that would nest one level too deep.
+        assert_eq!(error.offset, "n + ".len() * MAX_DEPTH - 2);
+        let error = on_small_stack(|| parse(&sum(MAX_DEPTH + 1)).unwrap_err());
+        assert_eq!(error.offset, "n + ".len() * MAX_DEPTH - 2);
+    }
+
+    #[test]
+    fn from_str_refuses_a_chain_deeper_than_the_limit() {
+        let error = on_small_stack(|| sum(200_000).parse::<Expr>().unwrap_err());
+        assert!(error.to_string().contains("deeper than"), "{error}");
+        let product = on_small_stack(|| vec!["2"; 200_000].join(" * ").parse::<Expr>());
+        assert!(product.is_err());
+    }
+
+    #[test]
+    fn the_deepest_accepted_expressions_print_and_parse_again() {
+        // Each parenthesis nests the parser two levels (`expr`, then `unary`).
+        let parens = MAX_DEPTH / 2 - 1;
+        let deepest = [
+            sum(MAX_DEPTH),
+            format!("{}n{}", "(".repeat(parens), ")".repeat(parens)),
+            format!("{}1", "-".repeat(MAX_DEPTH - 2)),
+        ];
+        for text in deepest {
+            on_small_stack(move || {
+                let expr = parse(&text).unwrap();
+                assert_eq!(parse(&expr.to_string()).unwrap(), expr);
+            });
+        }
     }
 }

@@ -5,8 +5,7 @@
 use crate::abi::{Param, ParamType, ScalarType};
 use crate::driver::LaunchDims;
 
-use super::expr::{BinaryOp, Expr, Function};
-use super::parse::MAX_DEPTH;
+use super::expr::{BinaryOp, Expr, Function, MAX_DEPTH};
 use super::{BindError, Contract, Fact, Place, describe, is_identifier};
 
 /// At most this many `let` values (their results are kept on the stack during a call).
@@ -798,6 +797,43 @@ mod tests {
                 .contains("`arch_specific` is a condition where an integer is needed"),
             "{error}"
         );
+    }
+
+    /// The deepest trees the parser accepts bind and evaluate on a thread with the default
+    /// 2 MiB stack: [`MAX_DEPTH`] bounds that recursion.
+    #[test]
+    fn the_deepest_expressions_bind_and_evaluate_on_a_small_stack() {
+        // Each call nests the parser two levels (`expr`, then `unary`).
+        let calls = MAX_DEPTH / 2 - 1;
+        let deepest = [
+            (vec!["a"; MAX_DEPTH].join(" + "), MAX_DEPTH as i64),
+            (
+                format!("{}a{}", "max(a, ".repeat(calls), ")".repeat(calls)),
+                1,
+            ),
+        ];
+        for (text, expected) in deepest {
+            let value = std::thread::Builder::new()
+                .stack_size(2 << 20)
+                .spawn(move || {
+                    let expr = text.parse().unwrap();
+                    let program = Program::bind(&contract(expr), &signature()).unwrap();
+                    let facts = Facts {
+                        wave_size: 32,
+                        compute_units: 132,
+                        max_block_threads: 1024,
+                        arch_specific: false,
+                    };
+                    program
+                        .run(&[1; 3], &facts)
+                        .slot::<Quiet>(Slot::Let(0))
+                        .ok()
+                })
+                .unwrap()
+                .join()
+                .unwrap();
+            assert_eq!(value, Some(expected));
+        }
     }
 
     /// The reference: exact arithmetic in i128, refusing any value outside i64 (the checked

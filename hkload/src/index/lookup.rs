@@ -675,11 +675,12 @@ fn unreachable_layout() -> ! {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::manifest::{EntryRecord, FORMAT_VERSION, ModuleRecord, Package, Toolchain};
 
-    fn manifest() -> BundleManifest {
+    /// A manifest of two modules and three kernels (also the index tests' sample).
+    pub(in crate::index) fn manifest() -> BundleManifest {
         let entry = |id: &str, size| EntryRecord {
             id: id.parse().unwrap(),
             size,

@@ -383,3 +383,98 @@ fn damaged_index(digest: &str) -> ManifestError {
 fn syntax(error: rmp_serde::decode::Error) -> ManifestError {
     ManifestError::Syntax(format!("index: {error}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::{Contract, Expr};
+    use crate::manifest::KernelRecord;
+
+    /// Records for [`lookup::tests::manifest`]'s kernels, the first with `contract`.
+    fn abis(manifest: &BundleManifest, contract: Contract) -> Vec<ModuleAbi> {
+        let mut contract = Some(contract);
+        let record = |symbol: &str, contract| KernelRecord {
+            symbol: symbol.to_owned(),
+            args: Vec::new(),
+            targets: Vec::new(),
+            contract,
+        };
+        manifest
+            .modules
+            .iter()
+            .map(|module| ModuleAbi {
+                kernels: module
+                    .kernels
+                    .iter()
+                    .map(|symbol| record(symbol, contract.take()))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    fn contract_with_shared(shared: Expr) -> Contract {
+        let one = || Expr::Int(1);
+        Contract {
+            lets: Vec::new(),
+            requires: Vec::new(),
+            block: [one(), one(), one()],
+            grid: [one(), one(), one()],
+            shared,
+            extents: Vec::new(),
+        }
+    }
+
+    /// An index whose first kernel's contract nests `depth` levels deep (`-(-(...(1)))`), made
+    /// by the crate's own encoder. Encoding walks the tree recursively, so this runs on a
+    /// thread with room for it; no code path of hkpack writes such a tree.
+    fn index_with_contract_depth(depth: usize) -> Vec<u8> {
+        std::thread::Builder::new()
+            .stack_size(1 << 30)
+            .spawn(move || {
+                let mut shared = Expr::Int(1);
+                for _ in 1..depth {
+                    shared = Expr::Neg(Box::new(shared));
+                }
+                let manifest = lookup::tests::manifest();
+                let abis = abis(&manifest, contract_with_shared(shared));
+                Index::encode(&manifest, &abis)
+            })
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    /// Runs `f` on a thread with the default 2 MiB stack, where unbounded recursion over a
+    /// deep tree would overflow.
+    fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_contract_nested_too_deep_is_refused_as_damage() {
+        let bytes = index_with_contract_depth(200_000);
+        let message = on_small_stack(move || {
+            let index = Index::open(bytes, true).unwrap();
+            index.kernel_record(0).unwrap_err().to_string()
+        });
+        assert!(message.contains("deeper than"), "{message}");
+        assert!(message.contains("damaged"), "{message}");
+    }
+
+    #[test]
+    fn a_contract_as_deep_as_allowed_reads_and_binds() {
+        let bytes = index_with_contract_depth(crate::contract::MAX_DEPTH);
+        on_small_stack(move || {
+            let index = Index::open(bytes, true).unwrap();
+            let record = index.kernel_record(0).unwrap();
+            let contract = record.contract.as_ref().unwrap();
+            assert!(contract.shared.to_string().ends_with("-1"));
+            contract.bind(&record.args).unwrap();
+        });
+    }
+}
