@@ -139,6 +139,8 @@ pub mod offload;
 pub mod package_set;
 pub mod select;
 pub mod signing;
+#[cfg(test)]
+mod small_stack;
 pub mod target;
 mod text;
 

@@ -409,6 +409,7 @@ impl Drop for Level {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::small_stack::on_small_stack;
 
     /// `-(-(...(1)))`, `depth` levels, built by hand: no limit applies.
     fn negations(depth: usize) -> Expr {
@@ -417,17 +418,6 @@ mod tests {
             expr = Expr::Neg(Box::new(expr));
         }
         expr
-    }
-
-    /// Runs `f` on a thread with the default 2 MiB stack, where unbounded recursion over a
-    /// deep tree would overflow.
-    fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-        std::thread::Builder::new()
-            .stack_size(2 << 20)
-            .spawn(f)
-            .unwrap()
-            .join()
-            .unwrap()
     }
 
     #[test]

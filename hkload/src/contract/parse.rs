@@ -304,6 +304,7 @@ impl<'a> Parser<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::small_stack::on_small_stack;
 
     fn round_trip(text: &str) -> String {
         parse(text).unwrap().to_string()
@@ -340,17 +341,6 @@ mod tests {
         assert_eq!(at("99999999999999999999"), 0);
         assert!(parse(&"(".repeat(200)).is_err());
         assert!(parse(&"-".repeat(200)).is_err());
-    }
-
-    /// Runs `f` on a thread with the default 2 MiB stack, where unbounded recursion over a
-    /// deep tree would overflow.
-    fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-        std::thread::Builder::new()
-            .stack_size(2 << 20)
-            .spawn(f)
-            .unwrap()
-            .join()
-            .unwrap()
     }
 
     /// `n + n + ... + n`, `terms` terms: a left-deep chain as deep as it is long.

@@ -389,6 +389,7 @@ mod tests {
     use super::*;
     use crate::contract::{Contract, Expr};
     use crate::manifest::KernelRecord;
+    use crate::small_stack::on_small_stack;
 
     /// Records for [`lookup::tests::manifest`]'s kernels, the first with `contract`.
     fn abis(manifest: &BundleManifest, contract: Contract) -> Vec<ModuleAbi> {
@@ -439,17 +440,6 @@ mod tests {
                 let abis = abis(&manifest, contract_with_shared(shared));
                 Index::encode(&manifest, &abis)
             })
-            .unwrap()
-            .join()
-            .unwrap()
-    }
-
-    /// Runs `f` on a thread with the default 2 MiB stack, where unbounded recursion over a
-    /// deep tree would overflow.
-    fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-        std::thread::Builder::new()
-            .stack_size(2 << 20)
-            .spawn(f)
             .unwrap()
             .join()
             .unwrap()
