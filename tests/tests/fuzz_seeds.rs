@@ -1,13 +1,16 @@
 //! The fuzz targets' seed corpus (scripts/fuzz, fuzz/), written from the repository's real
 //! bundle into `target/fuzz-seeds/<target>/`: every seed is checked to be accepted by the
-//! reader its target exercises, so fuzzing starts from inputs that reach deep into it.
+//! reader its target exercises, so fuzzing starts from inputs that reach deep into it (the
+//! contract target's: every contract expression and binding of the bundle, printed).
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use hkload::code_object::{apply_ptxas_report, read_amd_code_object, read_ptx_entries};
+use hkload::contract::{Binding, Expr};
 use hkload::index::{INDEX_FILE, Index};
 use hkload::manifest::{BundleManifest, MANIFEST_FILE, ModuleAbi};
 use hkload::offload::{OffloadBundle, decompress, extract_entry};
@@ -106,6 +109,27 @@ fn seeds_from_the_repository_bundle() {
     for target in ["amd_code_object", "ptx"] {
         let seeds = std::fs::read_dir(seeds(target)).unwrap().count();
         assert_eq!(seeds, 1, "the {target} seed is missing");
+    }
+
+    // The contract target: every expression and binding of the bundle's contracts, as text.
+    let bundle = hkload::Bundle::open(plain).unwrap();
+    let mut texts = BTreeSet::new();
+    for record in bundle.kernel_records().unwrap() {
+        let Some(contract) = &record.contract else {
+            continue;
+        };
+        texts.extend(contract.lets.iter().chain(&contract.extents).map(ToString::to_string));
+        let exprs = contract.block.iter().chain(&contract.grid);
+        texts.extend(exprs.chain([&contract.shared]).map(ToString::to_string));
+        texts.extend(contract.requires.iter().map(|r| r.check.to_string()));
+    }
+    assert!(texts.len() > 50, "only {} contract texts", texts.len());
+    for (i, text) in texts.iter().enumerate() {
+        assert!(
+            text.parse::<Expr>().is_ok() || text.parse::<Binding>().is_ok(),
+            "{text} does not parse back"
+        );
+        write("contract", &format!("{i:04}"), text.as_bytes());
     }
 }
 
