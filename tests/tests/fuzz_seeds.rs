@@ -118,7 +118,13 @@ fn seeds_from_the_repository_bundle() {
         let Some(contract) = &record.contract else {
             continue;
         };
-        texts.extend(contract.lets.iter().chain(&contract.extents).map(ToString::to_string));
+        texts.extend(
+            contract
+                .lets
+                .iter()
+                .chain(&contract.extents)
+                .map(ToString::to_string),
+        );
         let exprs = contract.block.iter().chain(&contract.grid);
         texts.extend(exprs.chain([&contract.shared]).map(ToString::to_string));
         texts.extend(contract.requires.iter().map(|r| r.check.to_string()));
