@@ -30,7 +30,6 @@
 // chooses the blocks and writes what C receives. The README's benchmark section says why these
 // tilings.
 #include "hk/hk.h"
-#include "hk/tile/k_loop.h"
 #include "hk/tile/pipeline.h"
 #include "hk/tile/tile.h"
 

@@ -47,7 +47,6 @@
 // these tilings.
 #include "hk/fp8.h"
 #include "hk/hk.h"
-#include "hk/tile/k_loop.h"
 #include "hk/tile/pipeline.h"
 #include "hk/tile/tile.h"
 

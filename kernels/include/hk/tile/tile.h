@@ -11,6 +11,8 @@
 //   hk/tile/mma_sync8.h
 //   hk/tile/raster.h    block_tile(): which block of C a thread block computes, grouped for L2
 //   hk/tile/widen.h     WideningCopy: FP8 blocks widened to bf16 tiles on the way (weight-only)
+//   hk/tile/k_loop.h    the K loop of a matrix kernel (stages, copy path chosen before the loop,
+//                       split-K share and batch roles) around its multiply hook
 // and, for sm_90a code only, included by the kernels that use them:
 //   hk/tile/wgmma.h     Hopper's warpgroup matrix instruction over swizzled shared tiles
 //   hk/tile/pipeline.h  the warp-specialised stage ring (producer and consumer warpgroups,
@@ -18,6 +20,7 @@
 #pragma once
 
 #include "copy.h"
+#include "k_loop.h"
 #include "mma.h"
 #include "raster.h"
 #include "shared.h"
