@@ -20,9 +20,14 @@ pub fn repo() -> PathBuf {
 }
 
 /// Build cache shared by every test binary, so the repository's kernels compile once per
-/// `cargo test` run.
+/// `cargo test` run: `HK_TEST_CACHE` where set (scripts/test points it at the cache that
+/// `hkpack build` in scripts/setup filled, so that CI compiles the kernels once, not twice),
+/// else one in the target folder. Entries are keyed by everything that decides a compile and
+/// checked on every hit, so a shared one serves the same bytes a cold one would compile.
 pub fn shared_cache() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("hkpack-cache")
+    std::env::var_os("HK_TEST_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("hkpack-cache"))
 }
 
 pub fn options(manifests: &Path, out: &Path, cache: &Path) -> BuildOptions {
