@@ -9,6 +9,7 @@
 namespace hk {
 
 inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2 = 0.693147180559945309f;
 
 // 2^x, about 1 ulp. Results below the smallest normal may flush to 0 (and denormal x counts
 // as 0). On NVIDIA the flushing form is one instruction; the other wraps it in a scaling
@@ -24,6 +25,16 @@ HK_DEVICE float exp2(float x) {
 
 // e^x, about 2 ulp plus |x| * 2^-24 from rounding x * log2(e) (so 4e-6 at |x| = 80).
 HK_DEVICE float exp(float x) { return exp2(x * kLog2e); }
+
+// log2(x), within 2^-22 absolute for x in [0.5, 2] and about 1 ulp relative elsewhere;
+// log2(0) = -inf. (NVIDIA's lg2.approx flushes denormal inputs, so they give -inf there.)
+HK_DEVICE float log2(float x) {
+#if HK_AMD
+  return __builtin_amdgcn_logf(x);
+#else
+  return __nvvm_lg2_approx_f(x);
+#endif
+}
 
 // 1 / x, about 1 ulp (denormal inputs and outputs flush on NVIDIA).
 HK_DEVICE float rcp(float x) {

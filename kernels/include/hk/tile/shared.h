@@ -45,6 +45,25 @@ template <typename T, unsigned kRows_, unsigned kCols_> struct SharedTile {
   HK_DEVICE const T* at(unsigned row, unsigned col) const { return data + index(row, col); }
 };
 
+// A tile of kCols columns cut into panels of 64 (each a SharedTile of 128-byte rows for 16-bit
+// elements): for widths that are not a power of two of chunks (attention's head dimension 192),
+// and as one layout for every width. A matrix atom's reads (16 or 32 columns from a multiple of
+// them) never cross a panel, so mma() reads it through at() like a SharedTile.
+template <typename T, unsigned kRows_, unsigned kCols_> struct SharedPanels {
+  static constexpr unsigned kRows = kRows_, kCols = kCols_, kPanelCols = 64;
+  static_assert(kCols % kPanelCols == 0, "whole panels of 64 columns");
+  static constexpr unsigned kPanels = kCols / kPanelCols;
+  using Panel = SharedTile<T, kRows, kPanelCols>;
+  Panel panel[kPanels];
+
+  HK_DEVICE T* at(unsigned row, unsigned col) {
+    return panel[col / kPanelCols].at(row, col % kPanelCols);
+  }
+  HK_DEVICE const T* at(unsigned row, unsigned col) const {
+    return panel[col / kPanelCols].at(row, col % kPanelCols);
+  }
+};
+
 // A block's kStages pipeline stages (each a struct of shared tiles): static shared memory
 // (48 KiB at most on NVIDIA), or, when kDynamic, the launch's dynamic shared memory, whose size
 // the kernel's contract gives.

@@ -1,0 +1,261 @@
+// Flash attention forward over packed variable-length sequences (THD), for prefill:
+//   O[t, h, :] = softmax_j(s(Q[t, h, :] · K[j, h / group, :])) · V[j, h / group, :]
+// for each query token t of a sequence and the key tokens j of the same sequence that it sees,
+// with s(x) = x · scale, or with a soft-cap c > 0, c · tanh(x · scale / c) (Gemma 2), and
+// LSE[h, t] = log Σ_j exp(s(...)) in f32. Sequence b's queries are rows cu_seqlens_q[b] ..
+// cu_seqlens_q[b + 1] of Q and O, its keys rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] of K and
+// V. Which keys a query sees: hk::tile::Visibility (hk/tile/flash.h): causal aligned
+// bottom-right when a sequence has fewer queries than keys, and a sliding window (left,
+// right; -1 for none); a query that sees no key writes zeros and an LSE of -inf.
+//
+// Layouts: Q [total_q, heads_q, d_qk], K [total_k, heads_kv, d_qk], V [total_k, heads_kv, d_v],
+// O [total_q, heads_q, d_v], each a row a token with its own row stride (ld*, in elements), so
+// Q, K and V may be views of one fused QKV projection; LSE [heads_q, total_q] with rows ld_lse
+// apart. heads_q is a multiple of heads_kv (MHA, GQA, MQA): query head h reads key head
+// h / (heads_q / heads_kv).
+//
+// The program: a block takes 64 queries of one head of one sequence (4 waves of 16) and walks
+// the keys they may see in blocks of kKeys, staged through shared memory: cp.async with two
+// stages on NVIDIA (the next block's copies in flight while this one multiplies), registers on
+// AMD (the next block's loads in flight, one LDS stage), element by element for rows that are
+// not 16-byte aligned. Each wave's scores, online softmax and P·V are hk::tile::FlashWave's.
+// Blocks along x stride over a sequence's query blocks, so any grid x is correct; the
+// contract's covers the longest sequence once.
+//
+// Symbols: attn_fwd_d{64,128,256}_{bf16,f16} (d_qk = d_v) and attn_fwd_d192_dv128_{bf16,f16}
+// (DeepSeek-V3's prefill). Launch: the contract in manifests/attention.toml.
+#include "hk/hk.h"
+#include "hk/tile/copy.h"
+#include "hk/tile/flash.h"
+
+namespace {
+
+using hk::tile::GlobalMatrix;
+using hk::tile::SharedPanels;
+
+struct Params {
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  unsigned total_q, total_k, heads_q, heads_kv;
+  unsigned ldq, ldk, ldv, ldo, ld_lse;
+  float scale, softcap;
+  unsigned causal;
+  int window_left, window_right;
+};
+
+// A sequence's rows [first, first + count) of a packed tensor, with cu_seqlens read defensively:
+// offsets past the tensor or decreasing give fewer (or no) rows, never rows outside it.
+struct Span {
+  unsigned first, count;
+  HK_DEVICE Span(const int* cu_seqlens, unsigned b, unsigned total) {
+    const int lo = cu_seqlens[b], hi = cu_seqlens[b + 1];
+    const unsigned end = hi < 0 ? 0u : (static_cast<unsigned>(hi) < total ? hi : total);
+    first = lo < 0 ? 0u : (static_cast<unsigned>(lo) < end ? lo : end);
+    count = end - first;
+  }
+};
+
+// Every forward kernel's block: 4 waves.
+constexpr unsigned kForwardThreads = 4 * hk::kWaveSize;
+
+template <typename T, unsigned kD, unsigned kDv> struct Forward {
+  static constexpr unsigned kWaves = kForwardThreads / hk::kWaveSize;
+  static constexpr unsigned kQueries = 16 * kWaves;
+  // Wider heads take fewer keys a block: the scores and outputs of a wave fit its registers.
+  static constexpr unsigned kKeys = kD > 128 ? 32 : 64;
+  static constexpr unsigned kThreads = kForwardThreads;
+  static constexpr unsigned kStages = HK_NVIDIA ? 2 : 1;
+  using Wave = hk::tile::FlashWave<T, kKeys, kD, kDv>;
+  using QTile = SharedPanels<T, kQueries, kD>;
+  struct Stage {
+    SharedPanels<T, kKeys, kD> k;
+    SharedPanels<T, kKeys, kDv> v;
+  };
+  struct Shared {
+    QTile q;
+    Stage stage[kStages];
+  };
+};
+
+// The copies of a block of rows into panels: cp.async (NVIDIA, 16-byte aligned rows),
+// element by element (NVIDIA, other rows), or staged through registers (AMD).
+template <unsigned kThreads, class Tile, typename T>
+HK_DEVICE void copy_now(Tile& to, const T* data, unsigned rows, unsigned ld, unsigned row0,
+                        bool vector) {
+#pragma unroll
+  for (unsigned p = 0; p < Tile::kPanels; ++p) {
+    const GlobalMatrix<T> g{data + 64 * p, rows, 64, ld};
+#if HK_NVIDIA
+    if (vector)
+      hk::tile::copy_async<kThreads>(to.panel[p], g, row0, 0, hk::thread_idx_x());
+    else
+      hk::tile::copy_elements<kThreads>(to.panel[p], g, row0, 0, hk::thread_idx_x());
+#else
+    hk::tile::StagedCopy<typename Tile::Panel, kThreads> staged;
+    staged.fetch(g, row0, 0, hk::thread_idx_x(), vector);
+    staged.store(to.panel[p], hk::thread_idx_x());
+#endif
+  }
+}
+
+#if HK_AMD
+// A block of K and V rows in flight through registers: fetch() starts the loads, store() writes
+// them to the LDS stage once the previous block's readers are done.
+template <class F, typename T> struct StagedKv {
+  using Stage = typename F::Stage;
+  using KCopy = hk::tile::StagedCopy<typename decltype(Stage::k)::Panel, F::kThreads>;
+  using VCopy = hk::tile::StagedCopy<typename decltype(Stage::v)::Panel, F::kThreads>;
+  KCopy k[decltype(Stage::k)::kPanels];
+  VCopy v[decltype(Stage::v)::kPanels];
+
+  HK_DEVICE void fetch(const T* kd, const T* vd, unsigned rows, unsigned ldk, unsigned ldv,
+                       unsigned row0, bool vector) {
+#pragma unroll
+    for (unsigned p = 0; p < decltype(Stage::k)::kPanels; ++p)
+      k[p].fetch(GlobalMatrix<T>{kd + 64 * p, rows, 64, ldk}, row0, 0, hk::thread_idx_x(), vector);
+#pragma unroll
+    for (unsigned p = 0; p < decltype(Stage::v)::kPanels; ++p)
+      v[p].fetch(GlobalMatrix<T>{vd + 64 * p, rows, 64, ldv}, row0, 0, hk::thread_idx_x(), vector);
+  }
+  HK_DEVICE void store(Stage& to) const {
+#pragma unroll
+    for (unsigned p = 0; p < decltype(Stage::k)::kPanels; ++p) k[p].store(to.k.panel[p], hk::thread_idx_x());
+#pragma unroll
+    for (unsigned p = 0; p < decltype(Stage::v)::kPanels; ++p) v[p].store(to.v.panel[p], hk::thread_idx_x());
+  }
+};
+#endif
+
+template <typename T, unsigned kD, unsigned kDv>
+HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, const T* __restrict__ q,
+                                 const T* __restrict__ k, const T* __restrict__ v, const Params& p) {
+  using F = Forward<T, kD, kDv>;
+  using Stage = typename F::Stage;
+  constexpr unsigned kKeys = F::kKeys, kQueries = F::kQueries;
+  typename F::Shared& shared = *hk::tile::stages<typename F::Shared, 1, HK_NVIDIA>();
+
+  const unsigned b = hk::block_idx_z(), h = hk::block_idx_y();
+  const Span qs(p.cu_seqlens_q, b, p.total_q), ks(p.cu_seqlens_k, b, p.total_k);
+  const unsigned hk_ = h / (p.heads_q / p.heads_kv);
+  const T* qd = q + static_cast<unsigned long long>(qs.first) * p.ldq + h * kD;
+  const T* kd = k + static_cast<unsigned long long>(ks.first) * p.ldk + hk_ * kD;
+  const T* vd = v + static_cast<unsigned long long>(ks.first) * p.ldv + hk_ * kDv;
+  const bool vector = hk::aligned16(qd, kd, vd) && p.ldq % 8 == 0 && p.ldk % 8 == 0 &&
+                      p.ldv % 8 == 0;
+  const hk::tile::Visibility vis{static_cast<int>(qs.count), static_cast<int>(ks.count),
+                                 p.window_left, p.causal ? 0 : p.window_right};
+  // Scores to base-2 logits: x · scale · log2(e), or through the soft-cap in natural units.
+  const bool capped = p.softcap > 0.0f;
+  const float pre = capped ? p.scale / p.softcap : p.scale * hk::kLog2e;
+  const float post = p.softcap * hk::kLog2e;
+
+  const unsigned wave = hk::wave_id();
+  for (unsigned qb = hk::block_idx_x(); qb * kQueries < qs.count; qb += hk::grid_dim_x()) {
+    const int q0 = qb * kQueries;
+    const int q1 = q0 + kQueries < qs.count ? q0 + kQueries : qs.count;
+    const int first = vis.first_key(q0), last = vis.last_key(q1);
+    const unsigned kb_first = first / kKeys;
+    const unsigned kb_last = last > first ? (last + kKeys - 1) / kKeys : kb_first;
+
+    typename F::Wave w;
+    w.start();
+    const auto multiply = [&](const Stage& st, unsigned kb) HK_INLINE {
+      w.score(shared.q, st.k, 16 * wave);
+      const int k0 = kb * kKeys;
+      const int wq = q0 + 16 * wave;
+      const bool all = vis.all_visible(q0, q1, k0, k0 + kKeys);
+      w.map_scores([&](unsigned, unsigned qi, unsigned kj, float x) HK_INLINE {
+        if (!all && !vis.visible(wq + qi, k0 + kj)) return -__builtin_inff();
+        return capped ? post * hk::tanh(pre * x) : pre * x;
+      });
+      w.softmax();
+      w.accumulate(st.v);
+    };
+
+    if (kb_first < kb_last) {
+#if HK_NVIDIA
+      const auto load_kv = [&](unsigned kb, Stage& to) HK_INLINE {
+        copy_now<F::kThreads>(to.k, kd, ks.count, p.ldk, kb * kKeys, vector);
+        copy_now<F::kThreads>(to.v, vd, ks.count, p.ldv, kb * kKeys, vector);
+      };
+      copy_now<F::kThreads>(shared.q, qd, qs.count, p.ldq, q0, vector);
+      load_kv(kb_first, shared.stage[0]);
+      if (vector) hk::tile::async_commit();
+      for (unsigned kb = kb_first; kb < kb_last; ++kb) {
+        const unsigned now = (kb - kb_first) % 2;
+        if (vector) hk::tile::async_wait<0>();
+        // Every wave is done with the previous block, whose stage the next copy refills.
+        hk::block_sync();
+        if (vector && kb + 1 < kb_last) {
+          load_kv(kb + 1, shared.stage[1 - now]);
+          hk::tile::async_commit();
+        }
+        multiply(shared.stage[vector ? now : 0], kb);
+        if (!vector && kb + 1 < kb_last) {
+          hk::block_sync();
+          load_kv(kb + 1, shared.stage[0]);
+        }
+      }
+#else
+      copy_now<F::kThreads>(shared.q, qd, qs.count, p.ldq, q0, vector);
+      StagedKv<F, T> next;
+      next.fetch(kd, vd, ks.count, p.ldk, p.ldv, kb_first * kKeys, vector);
+      for (unsigned kb = kb_first; kb < kb_last; ++kb) {
+        next.store(shared.stage[0]);
+        hk::block_sync();
+        if (kb + 1 < kb_last) next.fetch(kd, vd, ks.count, p.ldk, p.ldv, (kb + 1) * kKeys, vector);
+        multiply(shared.stage[0], kb);
+        hk::block_sync();
+      }
+#endif
+    }
+
+    float row_lse[F::Wave::kSlots];
+    w.finish(row_lse);
+    const int wq = q0 + 16 * wave;
+    w.map_outputs([&](unsigned, unsigned qi, unsigned d, float x) HK_INLINE {
+      if (wq + static_cast<int>(qi) < q1)
+        o[static_cast<unsigned long long>(qs.first + wq + qi) * p.ldo + h * kDv + d] =
+            static_cast<T>(x);
+      return x;
+    });
+#pragma unroll
+    for (unsigned slot = 0; slot < F::Wave::kSlots; ++slot) {
+      const unsigned qi = F::Wave::query(slot);
+      // One lane of those that share the query writes its log-sum-exp.
+      const bool writer = HK_NVIDIA ? hk::lane_id() % 4 == 0 : hk::lane_id() < 16;
+      if (writer && wq + static_cast<int>(qi) < q1)
+        lse[static_cast<unsigned long long>(h) * p.ld_lse + qs.first + wq + qi] = row_lse[slot];
+    }
+    // The next query block refills the tiles this one read.
+    hk::block_sync();
+  }
+}
+
+}  // namespace
+
+#define HK_ATTN_FWD(name, T, D, DV, SHARED)                                                             \
+  HK_KERNEL HK_LAUNCH_BOUNDS(kForwardThreads) void name(                            \
+      T* o, float* lse, const T* q, const T* k, const T* v, const int* cu_seqlens_q,              \
+      const int* cu_seqlens_k, unsigned batch, unsigned total_q, unsigned total_k,               \
+      unsigned max_seqlen_q, unsigned heads_q, unsigned heads_kv, unsigned ldq, unsigned ldk,    \
+      unsigned ldv, unsigned ldo, unsigned ld_lse, float scale, float softcap, unsigned causal,   \
+      int window_left, int window_right) {                                                        \
+    static_assert(HK_AMD || sizeof(Forward<T, D, DV>::Shared) == SHARED,                          \
+                  "manifests/attention.toml gives this kernel other shared memory");              \
+    (void)batch;                                                                                  \
+    (void)max_seqlen_q;                                                                           \
+    attention_forward<T, D, DV>(o, lse, q, k, v,                                                  \
+                                Params{cu_seqlens_q, cu_seqlens_k, total_q, total_k, heads_q,     \
+                                       heads_kv, ldq, ldk, ldv, ldo, ld_lse, scale, softcap,      \
+                                       causal, window_left, window_right});                       \
+  }
+
+HK_ATTN_FWD(attn_fwd_d64_bf16, hk::bf16, 64, 64, 40960)
+HK_ATTN_FWD(attn_fwd_d128_bf16, hk::bf16, 128, 128, 81920)
+HK_ATTN_FWD(attn_fwd_d256_bf16, hk::bf16, 256, 256, 98304)
+HK_ATTN_FWD(attn_fwd_d192_dv128_bf16, hk::bf16, 192, 128, 65536)
+HK_ATTN_FWD(attn_fwd_d64_f16, hk::f16, 64, 64, 40960)
+HK_ATTN_FWD(attn_fwd_d128_f16, hk::f16, 128, 128, 81920)
+HK_ATTN_FWD(attn_fwd_d256_f16, hk::f16, 256, 256, 98304)
+HK_ATTN_FWD(attn_fwd_d192_dv128_f16, hk::f16, 192, 128, 65536)
