@@ -176,8 +176,12 @@ fn check_one(
             for (i, &g) in got.iter().enumerate() {
                 match layout.at(i) {
                     // Written so that NaN (an unwritten element) fails: NaN is never within.
+                    // An infinite reference (a log-sum-exp over nothing) takes only itself.
                     Some((w, tolerance)) => {
-                        let within = (g - w).abs() <= tolerance;
+                        let within = match w.is_infinite() {
+                            true => g == w,
+                            false => (g - w).abs() <= tolerance,
+                        };
                         if !within {
                             fail(i, g, format!("{w} ± {tolerance:.3e}"));
                         }
@@ -343,6 +347,19 @@ mod tests {
             c.check(&[Some(vec![1.0])]).is_err(),
             "short output must fail"
         );
+    }
+
+    #[test]
+    fn an_infinite_reference_takes_only_itself() {
+        let c = case(Expect::Close {
+            want: vec![f64::NEG_INFINITY],
+            abs: 1e-3,
+            rel: 1e-3,
+        });
+        assert!(c.check(&[Some(vec![f64::NEG_INFINITY])]).is_ok());
+        for got in [-1e30, 0.0, f64::INFINITY, f64::NAN] {
+            assert!(c.check(&[Some(vec![got])]).is_err(), "{got}");
+        }
     }
 
     #[test]

@@ -132,7 +132,7 @@ fn worst_error(case: &Case, outputs: &[Option<Vec<f64>>]) -> Option<f64> {
             .filter_map(|(i, &g)| layout.at(i).map(|(w, tolerance)| (g, w, tolerance)));
         for (g, w, tolerance) in pairs {
             let error = (g - w).abs();
-            let ratio = if error == 0.0 {
+            let ratio = if g == w || error == 0.0 {
                 0.0
             } else if error.is_nan() || tolerance == 0.0 {
                 f64::INFINITY

@@ -2,6 +2,7 @@
 //! A runner takes [`all_cases`], runs each case on a device and calls [`crate::case::Case::check`].
 
 pub mod activation;
+pub mod attention;
 pub mod conv1d;
 pub mod fp8;
 pub mod gemm;
@@ -27,5 +28,6 @@ pub fn all_cases(rng: &mut impl rand::Rng) -> Vec<Case> {
     cases.extend(gemm_q8::cases(rng));
     cases.extend(fp8::cases());
     cases.extend(quant::cases(rng));
+    cases.extend(attention::cases(rng));
     cases
 }
