@@ -14,7 +14,8 @@
 // apart. heads_q is a multiple of heads_kv (MHA, GQA, MQA): query head h reads key head
 // h / (heads_q / heads_kv).
 //
-// The program: a block takes 64 queries of one head of one sequence (4 waves of 16) and walks
+// The program: a block takes 128 queries of one head of one sequence (4 waves of 32; 64 for
+// d_qk = 192 and 256, whose outputs fill the registers at 16 a wave) and walks
 // the keys they may see in blocks of kKeys, staged through shared memory: cp.async with two
 // stages on NVIDIA (the next block's copies in flight while this one multiplies), registers on
 // AMD (the next block's loads in flight, one LDS stage), element by element for rows that are
@@ -60,12 +61,18 @@ constexpr unsigned kForwardThreads = 4 * hk::kWaveSize;
 
 template <typename T, unsigned kD, unsigned kDv> struct Forward {
   static constexpr unsigned kWaves = kForwardThreads / hk::kWaveSize;
-  static constexpr unsigned kQueries = 16 * kWaves;
-  // Wider heads take fewer keys a block: the scores and outputs of a wave fit its registers.
-  static constexpr unsigned kKeys = kD > 128 ? 32 : 64;
+  // 32 queries a wave where their outputs fit its registers (d_v <= 128 beside d_qk <= 128):
+  // each K and V fragment read from shared memory then serves two matrix instructions, which
+  // halves the shared-memory reads per product (at 16 queries a wave, mma.sync waits on
+  // ldmatrix).
+  static constexpr unsigned kQueryTiles = kD <= 128 ? 2 : 1;
+  static constexpr unsigned kQueries = 16 * kQueryTiles * kWaves;
+  // Wider heads take fewer keys a block, so that a wave's scores and outputs fit its registers
+  // with no spills (d = 128 spilled at 64 keys and 32 queries).
+  static constexpr unsigned kKeys = kD > 64 ? 32 : 64;
   static constexpr unsigned kThreads = kForwardThreads;
   static constexpr unsigned kStages = HK_NVIDIA ? 2 : 1;
-  using Wave = hk::tile::FlashWave<T, kKeys, kD, kDv>;
+  using Wave = hk::tile::FlashWave<T, kQueryTiles, kKeys, kD, kDv>;
   using QTile = SharedPanels<T, kQueries, kD>;
   struct Stage {
     SharedPanels<T, kKeys, kD> k;
@@ -86,10 +93,12 @@ HK_DEVICE void copy_now(Tile& to, const T* data, unsigned rows, unsigned ld, uns
   for (unsigned p = 0; p < Tile::kPanels; ++p) {
     const GlobalMatrix<T> g{data + 64 * p, rows, 64, ld};
 #if HK_NVIDIA
+    // The lean walks: one pointer a thread down the rows, not an address a chunk kept across
+    // the key loop (16 of them for d = 128, which spilled).
     if (vector)
-      hk::tile::copy_async<kThreads>(to.panel[p], g, row0, 0, hk::thread_idx_x());
+      hk::tile::copy_async_lean<kThreads>(to.panel[p], g, row0, 0, hk::thread_idx_x());
     else
-      hk::tile::copy_elements<kThreads>(to.panel[p], g, row0, 0, hk::thread_idx_x());
+      hk::tile::copy_elements_lean<kThreads>(to.panel[p], g, row0, 0, hk::thread_idx_x());
 #else
     hk::tile::StagedCopy<typename Tile::Panel, kThreads> staged;
     staged.fetch(g, row0, 0, hk::thread_idx_x(), vector);
@@ -142,6 +151,7 @@ HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, con
   const T* vd = v + static_cast<unsigned long long>(ks.first) * p.ldv + hk_ * kDv;
   const bool vector = hk::aligned16(qd, kd, vd) && p.ldq % 8 == 0 && p.ldk % 8 == 0 &&
                       p.ldv % 8 == 0;
+  const bool o_vector = hk::aligned16(o) && p.ldo % 8 == 0;
   const hk::tile::Visibility vis{static_cast<int>(qs.count), static_cast<int>(ks.count),
                                  p.window_left, p.causal ? 0 : p.window_right};
   // Scores to base-2 logits: x · scale · log2(e), or through the soft-cap in natural units.
@@ -160,14 +170,30 @@ HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, con
     typename F::Wave w;
     w.start();
     const auto multiply = [&](const Stage& st, unsigned kb) HK_INLINE {
-      w.score(shared.q, st.k, 16 * wave);
+      w.score(shared.q, st.k, F::Wave::kQueries * wave);
       const int k0 = kb * kKeys;
-      const int wq = q0 + 16 * wave;
+      const int wq = q0 + F::Wave::kQueries * wave;
       const bool all = vis.all_visible(q0, q1, k0, k0 + kKeys);
-      w.map_scores([&](unsigned, unsigned qi, unsigned kj, float x) HK_INLINE {
-        if (!all && !vis.visible(wq + qi, k0 + kj)) return -__builtin_inff();
-        return capped ? post * hk::tanh(pre * x) : pre * x;
-      });
+      // Each query's visible keys [lo, hi) of the block: two bounds a query rather than a test
+      // of both positions a score (which held a register a score).
+      int lo[F::Wave::kSlots], hi[F::Wave::kSlots];
+#pragma unroll
+      for (unsigned slot = 0; slot < F::Wave::kSlots; ++slot) {
+        const int query = wq + F::Wave::query(slot);
+        lo[slot] = all ? 0 : vis.first_key(query) - k0;
+        hi[slot] = all ? kKeys : vis.last_key(query + 1) - k0;
+      }
+      const auto logits = [&](auto logit) HK_INLINE {
+        w.map_scores([&](unsigned slot, unsigned, unsigned kj, float x) HK_INLINE {
+          const bool hidden = static_cast<int>(kj) < lo[slot] || static_cast<int>(kj) >= hi[slot];
+          return hidden ? -__builtin_inff() : logit(x);
+        });
+      };
+      // Two loops rather than a choice a score, which held both paths' registers at once.
+      if (capped)
+        logits([&](float x) HK_INLINE { return post * hk::tanh(pre * x); });
+      else
+        logits([&](float x) HK_INLINE { return pre * x; });
       w.softmax();
       w.accumulate(st.v);
     };
@@ -212,12 +238,22 @@ HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, con
 
     float row_lse[F::Wave::kSlots];
     w.finish(row_lse);
-    const int wq = q0 + 16 * wave;
-    w.map_outputs([&](unsigned, unsigned qi, unsigned d, float x) HK_INLINE {
-      if (wq + static_cast<int>(qi) < q1)
-        o[static_cast<unsigned long long>(qs.first + wq + qi) * p.ldo + h * kDv + d] =
-            static_cast<T>(x);
-      return x;
+    const int wq = q0 + F::Wave::kQueries * wave;
+    constexpr unsigned kRun = F::Wave::kRun;
+    w.for_each_output_run([&](unsigned, unsigned qi, unsigned d, const float (&run)[kRun]) HK_INLINE {
+      if (wq + static_cast<int>(qi) >= q1) return;
+      T* to = o + static_cast<unsigned long long>(qs.first + wq + qi) * p.ldo + h * kDv + d;
+      hk::Pack<T, kRun> out;
+#pragma unroll
+      for (unsigned e = 0; e < kRun; ++e) out.elem[e] = static_cast<T>(run[e]);
+      if (o_vector) {
+        // The run's d is a multiple of its length: one 4- or 8-byte store.
+        using Word = __attribute__((ext_vector_type(kRun / 2))) unsigned;
+        *reinterpret_cast<Word*>(to) = __builtin_bit_cast(Word, out);
+      } else {
+#pragma unroll
+        for (unsigned e = 0; e < kRun; ++e) to[e] = out.elem[e];
+      }
     });
 #pragma unroll
     for (unsigned slot = 0; slot < F::Wave::kSlots; ++slot) {
@@ -234,7 +270,7 @@ HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, con
 
 }  // namespace
 
-#define HK_ATTN_FWD(name, T, D, DV, SHARED)                                                             \
+#define HK_ATTN_FWD(name, T, D, DV, SHARED, QUERIES)                                                           \
   HK_KERNEL HK_LAUNCH_BOUNDS(kForwardThreads) void name(                            \
       T* o, float* lse, const T* q, const T* k, const T* v, const int* cu_seqlens_q,              \
       const int* cu_seqlens_k, unsigned batch, unsigned total_q, unsigned total_k,               \
@@ -243,6 +279,8 @@ HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, con
       int window_left, int window_right) {                                                        \
     static_assert(HK_AMD || sizeof(Forward<T, D, DV>::Shared) == SHARED,                          \
                   "manifests/attention.toml gives this kernel other shared memory");              \
+    static_assert(Forward<T, D, DV>::kQueries == (QUERIES),                                       \
+                  "manifests/attention.toml's grid counts other blocks of queries");              \
     (void)batch;                                                                                  \
     (void)max_seqlen_q;                                                                           \
     attention_forward<T, D, DV>(o, lse, q, k, v,                                                  \
@@ -251,11 +289,11 @@ HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, con
                                        causal, window_left, window_right});                       \
   }
 
-HK_ATTN_FWD(attn_fwd_d64_bf16, hk::bf16, 64, 64, 40960)
-HK_ATTN_FWD(attn_fwd_d128_bf16, hk::bf16, 128, 128, 81920)
-HK_ATTN_FWD(attn_fwd_d256_bf16, hk::bf16, 256, 256, 98304)
-HK_ATTN_FWD(attn_fwd_d192_dv128_bf16, hk::bf16, 192, 128, 65536)
-HK_ATTN_FWD(attn_fwd_d64_f16, hk::f16, 64, 64, 40960)
-HK_ATTN_FWD(attn_fwd_d128_f16, hk::f16, 128, 128, 81920)
-HK_ATTN_FWD(attn_fwd_d256_f16, hk::f16, 256, 256, 98304)
-HK_ATTN_FWD(attn_fwd_d192_dv128_f16, hk::f16, 192, 128, 65536)
+HK_ATTN_FWD(attn_fwd_d64_bf16, hk::bf16, 64, 64, 49152, 128)
+HK_ATTN_FWD(attn_fwd_d128_bf16, hk::bf16, 128, 128, 65536, 128)
+HK_ATTN_FWD(attn_fwd_d256_bf16, hk::bf16, 256, 256, 98304, 64)
+HK_ATTN_FWD(attn_fwd_d192_dv128_bf16, hk::bf16, 192, 128, 65536, 64)
+HK_ATTN_FWD(attn_fwd_d64_f16, hk::f16, 64, 64, 49152, 128)
+HK_ATTN_FWD(attn_fwd_d128_f16, hk::f16, 128, 128, 65536, 128)
+HK_ATTN_FWD(attn_fwd_d256_f16, hk::f16, 256, 256, 98304, 64)
+HK_ATTN_FWD(attn_fwd_d192_dv128_f16, hk::f16, 192, 128, 65536, 64)

@@ -44,7 +44,8 @@ struct Visibility {
     const int d = diagonal(query);
     return key < keys && (left < 0 || key >= d - left) && (right < 0 || key <= d + right);
   }
-  // The keys [first, last) any of queries [q0, q1) may see (q1 > q0).
+  // The keys [first, last) any of queries [q0, q1) may see (q1 > q0); for one query i,
+  // first_key(i) <= j < last_key(i + 1) is visible(i, j).
   HK_DEVICE int first_key(int q0) const {
     const int first = left < 0 ? 0 : diagonal(q0) - left;
     return first > 0 ? first : 0;
@@ -60,24 +61,30 @@ struct Visibility {
   }
 };
 
-// A wave's 16 queries against kKeys keys of head dimension kD, with output head dimension kDv.
-template <typename T, unsigned kKeys, unsigned kD, unsigned kDv> struct FlashWave {
+// A wave's 16 kQueryTiles queries against kKeys keys of head dimension kD, with output head
+// dimension kDv.
+template <typename T, unsigned kQueryTiles, unsigned kKeys, unsigned kD, unsigned kDv>
+struct FlashWave {
   using Atom = MmaAtom<T>;
-  static constexpr unsigned kQueries = 16;
+  static constexpr unsigned kQueries = 16 * kQueryTiles;
   static_assert(kKeys % 32 == 0 && kD % 32 == 0 && kDv % 16 == 0,
                 "whole atoms of keys (pairs, for gfx950's k = 32) and of head dimensions");
 #if HK_NVIDIA
-  static constexpr unsigned kSlots = 2;  // queries g and g + 8 of the lane's group
-  Accumulators<T, 1, kKeys / 16> s;
-  Accumulators<T, 1, kDv / 16> o;
-  static HK_DEVICE unsigned slot(unsigned v) { return v / 2 % 2; }
-  static HK_DEVICE unsigned query(unsigned slot) { return lane_id() / 4 + 8 * slot; }
+  // Slot 2i + r: query g + 8r of query tile i (g = lane / 4).
+  static constexpr unsigned kSlots = 2 * kQueryTiles;
+  Accumulators<T, kQueryTiles, kKeys / 16> s;
+  Accumulators<T, kQueryTiles, kDv / 16> o;
+  static HK_DEVICE unsigned slot(unsigned tile, unsigned v) { return 2 * tile + v / 2 % 2; }
+  static HK_DEVICE unsigned query(unsigned slot) {
+    return 16 * (slot / 2) + lane_id() / 4 + 8 * (slot % 2);
+  }
 #else
-  static constexpr unsigned kSlots = 1;  // query l % 16
-  Accumulators<T, kKeys / 16, 1> s;      // transposed: [key][query]
-  Accumulators<T, kDv / 16, 1> o;        // transposed: [d][query]
-  static HK_DEVICE unsigned slot(unsigned) { return 0; }
-  static HK_DEVICE unsigned query(unsigned) { return lane_id() % 16; }
+  // Slot i: query l % 16 of query tile i.
+  static constexpr unsigned kSlots = kQueryTiles;
+  Accumulators<T, kKeys / 16, kQueryTiles> s;  // transposed: [key][query]
+  Accumulators<T, kDv / 16, kQueryTiles> o;    // transposed: [d][query]
+  static HK_DEVICE unsigned slot(unsigned tile, unsigned) { return tile; }
+  static HK_DEVICE unsigned query(unsigned slot) { return 16 * slot + lane_id() % 16; }
 #endif
   float max[kSlots];  // the running maximum of the scaled scores (base 2), -inf before any
   float sum[kSlots];  // this lane's share of the running sum of exps
@@ -91,7 +98,7 @@ template <typename T, unsigned kKeys, unsigned kD, unsigned kDv> struct FlashWav
     }
   }
 
-  // s = the scores of queries [q_row0, q_row0 + 16) of tile q against every key of tile k
+  // s = the scores of queries [q_row0, q_row0 + kQueries) of tile q against every key of tile k
   // (both [row][d]), unscaled.
   template <class QTile, class KTile>
   HK_DEVICE void score(const QTile& q, const KTile& k, unsigned q_row0) {
@@ -118,9 +125,9 @@ template <typename T, unsigned kKeys, unsigned kD, unsigned kDv> struct FlashWav
         for (unsigned v = 0; v < Atom::C::kSize; ++v) {
           const unsigned row = i * 16 + Atom::row(v), col = j * 16 + Atom::col(v);
 #if HK_NVIDIA
-          s.tile[i][j].v[v] = f(slot(v), row, col, s.tile[i][j].v[v]);
+          s.tile[i][j].v[v] = f(slot(i, v), row, col, s.tile[i][j].v[v]);
 #else
-          s.tile[i][j].v[v] = f(slot(v), col, row, s.tile[i][j].v[v]);
+          s.tile[i][j].v[v] = f(slot(j, v), col, row, s.tile[i][j].v[v]);
 #endif
         }
   }
@@ -173,24 +180,32 @@ template <typename T, unsigned kKeys, unsigned kD, unsigned kDv> struct FlashWav
 #if HK_NVIDIA
 #pragma unroll
     for (unsigned j = 0; j < kKeys / 16; ++j) {
-      const auto& c = s.tile[0][j].v;
-      const typename Atom::A p{{pack(c[0], c[1]), pack(c[2], c[3]), pack(c[4], c[5]),
-                                pack(c[6], c[7])}};
+      typename Atom::A p[kQueryTiles];
 #pragma unroll
-      for (unsigned n = 0; n < kDv / 16; ++n)
-        Atom::mma(o.tile[0][n], p, Atom::load_b_kn(v, 16 * j, 16 * n));
+      for (unsigned i = 0; i < kQueryTiles; ++i) {
+        const auto& c = s.tile[i][j].v;
+        p[i] = {{pack(c[0], c[1]), pack(c[2], c[3]), pack(c[4], c[5]), pack(c[6], c[7])}};
+      }
+#pragma unroll
+      for (unsigned n = 0; n < kDv / 16; ++n) {
+        const typename Atom::B b = Atom::load_b_kn(v, 16 * j, 16 * n);
+#pragma unroll
+        for (unsigned i = 0; i < kQueryTiles; ++i) Atom::mma(o.tile[i][n], p[i], b);
+      }
     }
 #else
     constexpr unsigned kPer = Atom::kPerLane;  // keys per lane of one step
     const unsigned l = lane_id();
 #pragma unroll
     for (unsigned step = 0; step < kKeys / Atom::kK; ++step) {
-      typename Atom::B p;
+      typename Atom::B p[kQueryTiles];
       unsigned key[kPer];  // the step's keys in this lane's operand order
 #pragma unroll
       for (unsigned e = 0; e < kPer; ++e) {
         const unsigned block = step * (kPer / 4) + e / 4;
-        p.v[e] = static_cast<T>(s.tile[block][0].v[e % 4]);
+#pragma unroll
+        for (unsigned i = 0; i < kQueryTiles; ++i)
+          p[i].v[e] = static_cast<T>(s.tile[block][i].v[e % 4]);
         key[e] = 16 * block + 4 * (l / 16) + e % 4;
       }
 #pragma unroll
@@ -198,7 +213,8 @@ template <typename T, unsigned kKeys, unsigned kD, unsigned kDv> struct FlashWav
         typename Atom::A vt;
 #pragma unroll
         for (unsigned e = 0; e < kPer; ++e) vt.v[e] = *v.at(key[e], 16 * n + l % 16);
-        Atom::mma(o.tile[n][0], vt, p);
+#pragma unroll
+        for (unsigned i = 0; i < kQueryTiles; ++i) Atom::mma(o.tile[n][i], vt, p[i]);
       }
     }
 #endif
@@ -214,9 +230,31 @@ template <typename T, unsigned kKeys, unsigned kD, unsigned kDv> struct FlashWav
         for (unsigned v = 0; v < Atom::C::kSize; ++v) {
           const unsigned row = i * 16 + Atom::row(v), col = j * 16 + Atom::col(v);
 #if HK_NVIDIA
-          o.tile[i][j].v[v] = f(slot(v), row, col, o.tile[i][j].v[v]);
+          o.tile[i][j].v[v] = f(slot(i, v), row, col, o.tile[i][j].v[v]);
 #else
-          o.tile[i][j].v[v] = f(slot(v), col, row, o.tile[i][j].v[v]);
+          o.tile[i][j].v[v] = f(slot(j, v), col, row, o.tile[i][j].v[v]);
+#endif
+        }
+  }
+
+  // Calls f(slot, query, d, run) for each run of kRun outputs of the lane that are neighbours in
+  // one query's row (d .. d + kRun - 1), for wider stores: NVIDIA's accumulator pairs, AMD's
+  // four rows of a transposed block.
+  static constexpr unsigned kRun = HK_NVIDIA ? 2 : 4;
+  template <typename F> HK_DEVICE void for_each_output_run(F f) const {
+#pragma unroll
+    for (unsigned i = 0; i < decltype(o)::kTilesM; ++i)
+#pragma unroll
+      for (unsigned j = 0; j < decltype(o)::kTilesN; ++j)
+#pragma unroll
+        for (unsigned v = 0; v < Atom::C::kSize; v += kRun) {
+          float run[kRun];
+#pragma unroll
+          for (unsigned e = 0; e < kRun; ++e) run[e] = o.tile[i][j].v[v + e];
+#if HK_NVIDIA
+          f(slot(i, v), i * 16 + Atom::row(v), j * 16 + Atom::col(v), run);
+#else
+          f(slot(j, v), j * 16 + Atom::col(v), i * 16 + Atom::row(v), run);
 #endif
         }
   }
