@@ -646,3 +646,141 @@ fn shared_memory_is_checked_against_the_devices_opt_in_maximum() {
         );
     }
 }
+
+/// The attention kernels' contracts: every requirement on both sides of its boundary, for the
+/// head dimensions whose row-stride floors differ, and the launch shape on both vendors.
+#[test]
+fn every_attention_requirement_is_enforced_on_both_sides_of_its_boundary() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    let (_, device) = simulated("sm_90");
+    const UNBOUNDED: u64 = u64::MAX; // -1 as the i32 window bounds
+    for (symbol, d, dv) in [
+        ("attn_fwd_d64_bf16", 64, 64),
+        ("attn_fwd_d192_dv128_f16", 192, 128),
+    ] {
+        let base = [
+            ("batch", 2),
+            ("total_q", 10),
+            ("total_k", 12),
+            ("max_seqlen_q", 6),
+            ("heads_q", 4),
+            ("heads_kv", 2),
+            ("ldq", 4 * d),
+            ("ldk", 2 * d),
+            ("ldv", 2 * dv),
+            ("ldo", 4 * dv),
+            ("ld_lse", 10),
+            ("causal", 0),
+            ("window_left", UNBOUNDED),
+            ("window_right", UNBOUNDED),
+        ];
+        let with = |changes: &[(&'static str, u64)]| {
+            let mut values: Vec<(&str, u64)> = base.to_vec();
+            for &(name, value) in changes {
+                values.iter_mut().find(|(n, _)| *n == name).unwrap().1 = value;
+            }
+            values
+        };
+        let held = |changes: &[(&'static str, u64)]| match call(
+            &bundle,
+            &device,
+            symbol,
+            &with(changes),
+            1 << 14,
+        ) {
+            Ok(()) | Err(Error::Launch(LaunchError::Extent { .. })) => {}
+            Err(other) => panic!("{symbol} {changes:?}: {other}"),
+        };
+        let refused = |changes: &[(&'static str, u64)], needle: &str| {
+            let text = unmet(call(&bundle, &device, symbol, &with(changes), 1 << 14));
+            assert!(text.contains(needle), "{symbol} {changes:?}: {text}");
+        };
+        held(&[]);
+        held(&[("batch", 1)]);
+        refused(&[("batch", 0)], "batch must be 1 to 65535");
+        held(&[("batch", 65_535)]);
+        refused(&[("batch", 65_536)], "batch must be 1 to 65535");
+        refused(&[("heads_q", 0)], "heads_q must be 1 to 65535");
+        refused(&[("heads_q", 65_536)], "heads_q must be 1 to 65535");
+        // MQA and MHA hold; a group that does not divide the query heads does not.
+        held(&[("heads_kv", 1)]);
+        held(&[("heads_kv", 4), ("ldk", 4 * d), ("ldv", 4 * dv)]);
+        refused(
+            &[("heads_kv", 3), ("ldk", 3 * d), ("ldv", 3 * dv)],
+            "heads_q must be a multiple of heads_kv",
+        );
+        refused(&[("heads_kv", 0)], "heads_q must be a multiple of heads_kv");
+        refused(&[("total_q", 0)], "total_q and total_k must be at least 1");
+        refused(&[("total_k", 0)], "total_q and total_k must be at least 1");
+        held(&[("max_seqlen_q", 1)]);
+        refused(&[("max_seqlen_q", 0)], "max_seqlen_q must be 1 to total_q");
+        held(&[("max_seqlen_q", 10)]);
+        refused(
+            &[("max_seqlen_q", 11)],
+            "`max_seqlen_q >= 1 && max_seqlen_q <= total_q` is false",
+        );
+        refused(&[("ld_lse", 9)], "ld_lse must be at least total_q");
+        held(&[("causal", 1)]);
+        refused(&[("causal", 2)], "causal must be 0 or 1");
+        held(&[("window_left", 0), ("window_right", 0)]);
+        refused(
+            &[("window_left", u64::MAX - 1)],
+            "window_left and window_right",
+        );
+        refused(
+            &[("window_right", u64::MAX - 1)],
+            "window_left and window_right",
+        );
+        for (ld, floor, text) in [
+            ("ldq", 4 * d, format!("ldq must be at least heads_q * {d}")),
+            ("ldk", 2 * d, format!("ldk must be at least heads_kv * {d}")),
+            (
+                "ldv",
+                2 * dv,
+                format!("ldv must be at least heads_kv * {dv}"),
+            ),
+            (
+                "ldo",
+                4 * dv,
+                format!("ldo must be at least heads_q * {dv}"),
+            ),
+        ] {
+            held(&[(ld, floor)]);
+            refused(&[(ld, floor - 1)], &text);
+        }
+    }
+
+    // The launch: 4 waves a block; 128 queries a block (64 for d_qk = 256), a block per query
+    // block of the longest sequence, per query head and per sequence; Q and two K/V stages in
+    // dynamic shared memory on NVIDIA, static LDS on AMD.
+    let (_, amd) = simulated("gfx942:sramecc+:xnack-");
+    let values = [
+        ("batch", 3),
+        ("total_q", 1000),
+        ("total_k", 1000),
+        ("max_seqlen_q", 300),
+        ("heads_q", 8),
+        ("heads_kv", 2),
+        ("ldq", 8 * 256),
+        ("ldk", 2 * 256),
+        ("ldv", 2 * 256),
+        ("ldo", 8 * 256),
+        ("ld_lse", 1000),
+        ("window_left", UNBOUNDED),
+        ("window_right", UNBOUNDED),
+    ];
+    for (symbol, device, want) in [
+        ("attn_fwd_d128_bf16", &device, ([3, 8, 3], 128, 65536)),
+        ("attn_fwd_d128_bf16", &amd, ([3, 8, 3], 256, 0)),
+        ("attn_fwd_d256_f16", &device, ([5, 8, 3], 128, 98304)),
+        ("attn_fwd_d64_f16", &device, ([3, 8, 3], 128, 32768)),
+    ] {
+        let dims = shape(&bundle, device, symbol, &values, 1 << 22);
+        assert_eq!(
+            (dims.grid, dims.block[0], dims.shared_bytes),
+            want,
+            "{symbol}"
+        );
+    }
+}
