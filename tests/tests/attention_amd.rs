@@ -1,0 +1,251 @@
+//! The attention module (flash attention forward, `kernels/attention.hip`) on AMD, statically
+//! (no AMD GPU runs here): built alone by the real hkpack for gfx90a, gfx942 and gfx950, every
+//! kernel must fit its target without spills or scratch, keep one block's Q, K and V tiles in LDS
+//! under the target's limit, and contain the MFMA instructions of its element type, as many as one
+//! walk of its key loop needs (read back by `llvm-objdump --mcpu=<target>`, not taken from our
+//! own metadata).
+//!
+//! With `HK_TINYGRAD` set to a tinygrad source tree, the gfx942 and gfx950 code also runs on its
+//! CDNA emulator against an f64 reference (`tests/emu/attention_emu.py`); without it that test
+//! says it skipped and passes.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+use hkload::Bundle;
+use hkload::manifest::{BundleManifest, MANIFEST_FILE};
+use hkload::target::TargetId;
+
+/// `(target, LDS bytes a workgroup may have, MFMA mnemonic of bf16 kernels, of f16 kernels, the
+/// MFMA's k)`.
+const TARGETS: [(&str, u32, &str, &str, usize); 3] = [
+    (
+        "gfx90a",
+        64 * 1024,
+        "v_mfma_f32_16x16x16bf16_1k",
+        "v_mfma_f32_16x16x16f16",
+        16,
+    ),
+    (
+        "gfx942",
+        64 * 1024,
+        "v_mfma_f32_16x16x16_bf16",
+        "v_mfma_f32_16x16x16_f16",
+        16,
+    ),
+    (
+        "gfx950",
+        160 * 1024,
+        "v_mfma_f32_16x16x32_bf16",
+        "v_mfma_f32_16x16x32_f16",
+        32,
+    ),
+];
+
+/// `(symbol, d_qk, d_v)` of every kernel of the module.
+const KERNELS: [(&str, usize, usize); 8] = [
+    ("attn_fwd_d64_bf16", 64, 64),
+    ("attn_fwd_d128_bf16", 128, 128),
+    ("attn_fwd_d256_bf16", 256, 256),
+    ("attn_fwd_d192_dv128_bf16", 192, 128),
+    ("attn_fwd_d64_f16", 64, 64),
+    ("attn_fwd_d128_f16", 128, 128),
+    ("attn_fwd_d256_f16", 256, 256),
+    ("attn_fwd_d192_dv128_f16", 192, 128),
+];
+
+/// Keys a block walks at a time (`Forward::kKeys`).
+const KEYS: usize = 32;
+/// Waves a block (`kForwardThreads / wave size`).
+const WAVES: usize = 4;
+
+/// Tiles of 16 queries a wave holds (`Forward::kQueryTiles` on AMD): 2 where the outputs fit its
+/// registers (d_qk <= 128), else 1.
+fn query_tiles(d_qk: usize) -> usize {
+    if d_qk <= 128 { 2 } else { 1 }
+}
+
+/// The repository's attention module alone, built for the AMD targets into `dir`.
+fn build_attention(dir: &std::path::Path) -> std::path::PathBuf {
+    let targets: Vec<&str> = TARGETS.iter().map(|t| t.0).collect();
+    build_repo_modules(dir, &["attention.toml"], &targets)
+}
+
+/// One disassembled instruction: its offset in the function, mnemonic, operands, and for a
+/// branch its target's offset.
+struct Instruction<'a> {
+    offset: u64,
+    mnemonic: &'a str,
+    operands: &'a str,
+    target: Option<u64>,
+}
+
+/// The instructions of function `symbol`'s body from `llvm-objdump -d` (each line `\tmnemonic
+/// operands // ADDRESS: encoding`, a branch's ending in `<symbol+0xOFFSET>`), offsets from its
+/// first instruction.
+fn instructions<'a>(body: &'a str, symbol: &str) -> Vec<Instruction<'a>> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for line in body.lines().skip(1) {
+        let Some((text, comment)) = line.split_once("//") else {
+            continue;
+        };
+        let Some((address, encoding)) = comment.trim().split_once(':') else {
+            continue;
+        };
+        let address = u64::from_str_radix(address, 16).expect("objdump's addresses are hex");
+        let start = *start.get_or_insert(address);
+        let text = text.trim();
+        let (mnemonic, operands) = text.split_once(char::is_whitespace).unwrap_or((text, ""));
+        let target = encoding
+            .split_once(&format!("<{symbol}"))
+            .and_then(|(_, rest)| match rest.strip_prefix("+0x") {
+                Some(hex) => u64::from_str_radix(hex.trim_end_matches('>'), 16).ok(),
+                None => (rest == ">").then_some(0),
+            });
+        out.push(Instruction {
+            offset: address - start,
+            mnemonic,
+            operands: operands.trim(),
+            target,
+        });
+    }
+    out
+}
+
+#[test]
+fn attention_fits_every_amd_target_and_uses_its_mfma() {
+    let scratch = tempfile::tempdir().unwrap();
+    let bundle = build_attention(scratch.path());
+
+    let kernels = Bundle::open(&bundle).unwrap();
+    let records = kernels.kernel_records().unwrap();
+    assert_eq!(records.len(), KERNELS.len());
+    let dims = |symbol: &str| {
+        let &(_, d_qk, d_v) = KERNELS
+            .iter()
+            .find(|k| k.0 == symbol)
+            .unwrap_or_else(|| panic!("{symbol} is not an attention kernel this test knows"));
+        (d_qk, d_v)
+    };
+    for record in &records {
+        let (d_qk, d_v) = dims(&record.symbol);
+        // One block's LDS (Forward::Shared, static on AMD): its queries' Q tile and one stage of
+        // K and V (AMD stages the next block in registers), 2-byte elements.
+        let queries = 16 * query_tiles(d_qk) * WAVES;
+        let lds = 2 * (queries * d_qk + KEYS * (d_qk + d_v));
+        for &(target, lds_limit, ..) in &TARGETS {
+            let target: TargetId = target.parse().unwrap();
+            let abi = record
+                .targets
+                .iter()
+                .find(|abi| abi.target == target)
+                .unwrap_or_else(|| panic!("{} has no code for {target}", record.symbol));
+            assert_eq!(abi.spills, 0, "{} spills on {target}", record.symbol);
+            assert_eq!(
+                abi.private_segment_size, 0,
+                "{} needs scratch on {target}",
+                record.symbol
+            );
+            assert!(
+                abi.group_segment_size > 0 && abi.group_segment_size <= lds_limit,
+                "{} uses {} bytes of LDS on {target}, limit {lds_limit}",
+                record.symbol,
+                abi.group_segment_size
+            );
+            assert_eq!(
+                abi.group_segment_size as usize, lds,
+                "{} on {target}: LDS other than its Q tile and one K and V stage",
+                record.symbol
+            );
+        }
+    }
+
+    let manifest =
+        BundleManifest::from_toml(&std::fs::read_to_string(bundle.join(MANIFEST_FILE)).unwrap())
+            .unwrap();
+    let module = &manifest.modules[0];
+    for &(target, _, bf16_mfma, f16_mfma, k) in &TARGETS {
+        let text = amd_disassembly(&bundle, &module.file, target, scratch.path());
+        for record in &records {
+            let symbol = record.symbol.as_str();
+            let (d_qk, d_v) = dims(symbol);
+            let body = function_body(&text, symbol)
+                .unwrap_or_else(|| panic!("{symbol} not in the disassembly for {target}"));
+            let (want, other) = if symbol.contains("_bf16") {
+                (bf16_mfma, f16_mfma)
+            } else {
+                (f16_mfma, bf16_mfma)
+            };
+            assert!(
+                !mnemonics(body).contains(&other),
+                "{symbol} on {target} has {other}"
+            );
+            let code = instructions(body, symbol);
+            let mfmas: Vec<&Instruction> = code.iter().filter(|i| i.mnemonic == want).collect();
+            // What a wave issues per block of KEYS = 32 keys (hk::tile::FlashWave), with
+            // query_tiles tiles of 16 queries and k the instruction's depth (16; 32 on gfx950):
+            // the scores Sᵀ = K·Qᵀ, (KEYS / 16) x query_tiles accumulator tiles each d_qk / k
+            // MFMAs deep (score()), and Oᵀ += Vᵀ·Pᵀ, KEYS / k steps of (d_v / 16) x query_tiles
+            // MFMAs (accumulate()). The compiler unrolls both and emits the key loop once,
+            // neither duplicated nor peeled: every MFMA lies between a backward branch and its
+            // target (the loop is rotated, so in address order a block's P·V MFMAs come before
+            // the scores, which a trip around it computes for the next block), and the counts
+            // match the formula exactly on every kernel and target. Scores + P·V on
+            // gfx90a/gfx942, then gfx950: d = 64, 16 + 16 and 8 + 8; d = 128, 32 + 32 and
+            // 16 + 16; d = 256, 32 + 32 and 16 + 16; d = 192/128, 24 + 16 and 12 + 8. Each score
+            // tile's chain starts from the inline constant 0 (s.zero()), which no P·V MFMA does
+            // (o carries over the blocks): one such MFMA per score tile.
+            let tiles = query_tiles(d_qk);
+            let score = tiles * (KEYS / 16) * (d_qk / k);
+            let pv = (d_v / 16) * tiles * (KEYS / k);
+            assert_eq!(
+                mfmas.len(),
+                score + pv,
+                "{symbol} on {target}: {} x {want}, expected {score} (scores) + {pv} (P·V)",
+                mfmas.len()
+            );
+            let from_zero = mfmas
+                .iter()
+                .filter(|i| i.operands.rsplit(',').next().map(str::trim) == Some("0"))
+                .count();
+            assert_eq!(
+                from_zero,
+                tiles * (KEYS / 16),
+                "{symbol} on {target}: {from_zero} MFMAs add to 0, expected one per score tile"
+            );
+            let (first, last) = (mfmas[0].offset, mfmas[mfmas.len() - 1].offset);
+            let branch = |i: &Instruction| {
+                i.mnemonic.starts_with("s_branch") || i.mnemonic.starts_with("s_cbranch")
+            };
+            let in_one_loop = code
+                .iter()
+                .any(|i| branch(i) && i.offset > last && i.target.is_some_and(|t| t <= first));
+            assert!(
+                in_one_loop,
+                "{symbol} on {target}: no back edge encloses its MFMAs ({first:#x}..{last:#x})"
+            );
+        }
+    }
+}
+
+#[test]
+fn attention_computes_on_the_cdna_emulator() {
+    let Some(tree) = std::env::var_os("HK_TINYGRAD") else {
+        eprintln!("skipped: set HK_TINYGRAD to a tinygrad source tree to run the CDNA emulator");
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let bundle = build_attention(scratch.path());
+    let output = Command::new(python())
+        .arg(repo().join("tests/emu/attention_emu.py"))
+        .arg(&bundle)
+        .env("HK_TINYGRAD", tree)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "attention_emu.py failed");
+}
