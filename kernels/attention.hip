@@ -31,7 +31,6 @@
 
 namespace {
 
-using hk::tile::GlobalMatrix;
 using hk::tile::SharedPanels;
 
 struct Params {
@@ -42,18 +41,6 @@ struct Params {
   float scale, softcap;
   unsigned causal;
   int window_left, window_right;
-};
-
-// A sequence's rows [first, first + count) of a packed tensor, with cu_seqlens read defensively:
-// offsets past the tensor or decreasing give fewer (or no) rows, never rows outside it.
-struct Span {
-  unsigned first, count;
-  HK_DEVICE Span(const int* cu_seqlens, unsigned b, unsigned total) {
-    const int lo = cu_seqlens[b], hi = cu_seqlens[b + 1];
-    const unsigned end = hi < 0 ? 0u : (static_cast<unsigned>(hi) < total ? hi : total);
-    first = lo < 0 ? 0u : (static_cast<unsigned>(lo) < end ? lo : end);
-    count = end - first;
-  }
 };
 
 // Every forward kernel's block: 4 waves.
@@ -77,7 +64,6 @@ template <typename T, unsigned kD, unsigned kDv> struct Forward {
   // (at 64 keys and 32 queries, d = 128 spilled on sm_90 and d = 64 on sm_80).
   static constexpr unsigned kKeys = 32;
   static constexpr unsigned kThreads = kForwardThreads;
-  static constexpr unsigned kStages = HK_NVIDIA ? 2 : 1;
   using Wave = hk::tile::FlashWave<T, kQueryTiles, kKeys, kD, kDv>;
   using QTile = SharedPanels<T, kQueries, kD>;
   struct Stage {
@@ -86,71 +72,44 @@ template <typename T, unsigned kD, unsigned kDv> struct Forward {
   };
   struct Shared {
     QTile q;
-    Stage stage[kStages];
+    Stage stage[hk::tile::kWalkStages];
   };
 };
 
-// The copies of a block of rows into panels: cp.async (NVIDIA, 16-byte aligned rows),
-// element by element (NVIDIA, other rows), or staged through registers (AMD).
-template <unsigned kThreads, class Tile, typename T>
-HK_DEVICE void copy_now(Tile& to, const T* data, unsigned rows, unsigned ld, unsigned row0,
-                        bool vector) {
-#pragma unroll
-  for (unsigned p = 0; p < Tile::kPanels; ++p) {
-    const GlobalMatrix<T> g{data + 64 * p, rows, 64, ld};
-#if HK_NVIDIA
-    // The lean walks: one pointer a thread down the rows, not an address a chunk kept across
-    // the key loop (16 of them for d = 128, which spilled).
-    if (vector)
-      hk::tile::copy_async_lean<kThreads>(to.panel[p], g, row0, 0, hk::thread_idx_x());
-    else
-      hk::tile::copy_elements_lean<kThreads>(to.panel[p], g, row0, 0, hk::thread_idx_x());
-#else
-    hk::tile::StagedCopy<typename Tile::Panel, kThreads> staged;
-    staged.fetch(g, row0, 0, hk::thread_idx_x(), vector);
-    staged.store(to.panel[p], hk::thread_idx_x());
-#endif
-  }
-}
-
-#if HK_AMD
-// A block of K and V rows in flight through registers: fetch() starts the loads, store() writes
-// them to the LDS stage once the previous block's readers are done.
-template <class F, typename T> struct StagedKv {
+// The forward pass's copies of a block of keys: K's and V's rows.
+template <class F, typename T> struct KeyCopies {
   using Stage = typename F::Stage;
-  using KCopy = hk::tile::StagedCopy<typename decltype(Stage::k)::Panel, F::kThreads>;
-  using VCopy = hk::tile::StagedCopy<typename decltype(Stage::v)::Panel, F::kThreads>;
-  KCopy k[decltype(Stage::k)::kPanels];
-  VCopy v[decltype(Stage::v)::kPanels];
-
-  HK_DEVICE void fetch(const T* kd, const T* vd, unsigned rows, unsigned ldk, unsigned ldv,
-                       unsigned row0, bool vector) {
-#pragma unroll
-    for (unsigned p = 0; p < decltype(Stage::k)::kPanels; ++p)
-      k[p].fetch(GlobalMatrix<T>{kd + 64 * p, rows, 64, ldk}, row0, 0, hk::thread_idx_x(), vector);
-#pragma unroll
-    for (unsigned p = 0; p < decltype(Stage::v)::kPanels; ++p)
-      v[p].fetch(GlobalMatrix<T>{vd + 64 * p, rows, 64, ldv}, row0, 0, hk::thread_idx_x(), vector);
+  const T *k, *v;
+  unsigned keys, ldk, ldv;
+  bool vector;
+#if HK_NVIDIA
+  HK_DEVICE void copy(unsigned block, Stage& to) const {
+    hk::tile::copy_panels<F::kThreads>(to.k, k, keys, ldk, block * F::kKeys, vector);
+    hk::tile::copy_panels<F::kThreads>(to.v, v, keys, ldv, block * F::kKeys, vector);
+  }
+#else
+  hk::tile::StagedPanels<decltype(Stage::k), F::kThreads> next_k;
+  hk::tile::StagedPanels<decltype(Stage::v), F::kThreads> next_v;
+  HK_DEVICE void fetch(unsigned block) {
+    next_k.fetch(k, keys, ldk, block * F::kKeys, vector);
+    next_v.fetch(v, keys, ldv, block * F::kKeys, vector);
   }
   HK_DEVICE void store(Stage& to) const {
-#pragma unroll
-    for (unsigned p = 0; p < decltype(Stage::k)::kPanels; ++p) k[p].store(to.k.panel[p], hk::thread_idx_x());
-#pragma unroll
-    for (unsigned p = 0; p < decltype(Stage::v)::kPanels; ++p) v[p].store(to.v.panel[p], hk::thread_idx_x());
+    next_k.store(to.k);
+    next_v.store(to.v);
   }
-};
 #endif
+};
 
 template <typename T, unsigned kD, unsigned kDv>
 HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, const T* __restrict__ q,
                                  const T* __restrict__ k, const T* __restrict__ v, const Params& p) {
   using F = Forward<T, kD, kDv>;
-  using Stage = typename F::Stage;
   constexpr unsigned kKeys = F::kKeys, kQueries = F::kQueries;
   typename F::Shared& shared = *hk::tile::stages<typename F::Shared, 1, HK_NVIDIA>();
 
   const unsigned b = hk::block_idx_z(), h = hk::block_idx_y();
-  const Span qs(p.cu_seqlens_q, b, p.total_q), ks(p.cu_seqlens_k, b, p.total_k);
+  const hk::tile::SequenceRows qs(p.cu_seqlens_q, b, p.total_q), ks(p.cu_seqlens_k, b, p.total_k);
   const unsigned hk_ = h / (p.heads_q / p.heads_kv);
   const T* qd = q + static_cast<unsigned long long>(qs.first) * p.ldq + h * kD;
   const T* kd = k + static_cast<unsigned long long>(ks.first) * p.ldk + hk_ * kD;
@@ -175,7 +134,7 @@ HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, con
 
     typename F::Wave w;
     w.start();
-    const auto multiply = [&](const Stage& st, unsigned kb) HK_INLINE {
+    const auto multiply = [&](const typename F::Stage& st, unsigned kb) HK_INLINE {
       w.score(shared.q, st.k, F::Wave::kQueries * wave);
       const int k0 = kb * kKeys;
       const int wq = q0 + F::Wave::kQueries * wave;
@@ -185,12 +144,12 @@ HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, con
       int lo[F::Wave::kSlots], hi[F::Wave::kSlots];
 #pragma unroll
       for (unsigned slot = 0; slot < F::Wave::kSlots; ++slot) {
-        const int query = wq + F::Wave::query(slot);
+        const int query = wq + F::Wave::row(slot);
         lo[slot] = all ? 0 : vis.first_key(query) - k0;
         hi[slot] = all ? kKeys : vis.last_key(query + 1) - k0;
       }
       const auto logits = [&](auto logit) HK_INLINE {
-        w.map_scores([&](unsigned slot, unsigned, unsigned kj, float x) HK_INLINE {
+        w.s.map([&](unsigned slot, unsigned, unsigned kj, float x) HK_INLINE {
           const bool hidden = static_cast<int>(kj) < lo[slot] || static_cast<int>(kj) >= hi[slot];
           return hidden ? -__builtin_inff() : logit(x);
         });
@@ -205,67 +164,22 @@ HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, con
     };
 
     if (kb_first < kb_last) {
-#if HK_NVIDIA
-      const auto load_kv = [&](unsigned kb, Stage& to) HK_INLINE {
-        copy_now<F::kThreads>(to.k, kd, ks.count, p.ldk, kb * kKeys, vector);
-        copy_now<F::kThreads>(to.v, vd, ks.count, p.ldv, kb * kKeys, vector);
-      };
-      copy_now<F::kThreads>(shared.q, qd, qs.count, p.ldq, q0, vector);
-      load_kv(kb_first, shared.stage[0]);
-      if (vector) hk::tile::async_commit();
-      for (unsigned kb = kb_first; kb < kb_last; ++kb) {
-        const unsigned now = (kb - kb_first) % 2;
-        if (vector) hk::tile::async_wait<0>();
-        // Every wave is done with the previous block, whose stage the next copy refills.
-        hk::block_sync();
-        if (vector && kb + 1 < kb_last) {
-          load_kv(kb + 1, shared.stage[1 - now]);
-          hk::tile::async_commit();
-        }
-        multiply(shared.stage[vector ? now : 0], kb);
-        if (!vector && kb + 1 < kb_last) {
-          hk::block_sync();
-          load_kv(kb + 1, shared.stage[0]);
-        }
-      }
-#else
-      copy_now<F::kThreads>(shared.q, qd, qs.count, p.ldq, q0, vector);
-      StagedKv<F, T> next;
-      next.fetch(kd, vd, ks.count, p.ldk, p.ldv, kb_first * kKeys, vector);
-      for (unsigned kb = kb_first; kb < kb_last; ++kb) {
-        next.store(shared.stage[0]);
-        hk::block_sync();
-        if (kb + 1 < kb_last) next.fetch(kd, vd, ks.count, p.ldk, p.ldv, (kb + 1) * kKeys, vector);
-        multiply(shared.stage[0], kb);
-        hk::block_sync();
-      }
-#endif
+      // Q's block lands with the first block of keys (NVIDIA), or now (AMD).
+      hk::tile::copy_panels<F::kThreads>(shared.q, qd, qs.count, p.ldq, q0, vector);
+      KeyCopies<F, T> copies{kd, vd, ks.count, p.ldk, p.ldv, vector};
+      hk::tile::walk_blocks(shared.stage, kb_first, kb_last, vector, copies, multiply);
     }
 
     float row_lse[F::Wave::kSlots];
     w.finish(row_lse);
     const int wq = q0 + F::Wave::kQueries * wave;
-    constexpr unsigned kRun = F::Wave::kRun;
-    w.for_each_output_run([&](unsigned, unsigned qi, unsigned d, const float (&run)[kRun]) HK_INLINE {
-      if (wq + static_cast<int>(qi) >= q1) return;
-      T* to = o + static_cast<unsigned long long>(qs.first + wq + qi) * p.ldo + h * kDv + d;
-      hk::Pack<T, kRun> out;
-#pragma unroll
-      for (unsigned e = 0; e < kRun; ++e) out.elem[e] = static_cast<T>(run[e]);
-      if (o_vector) {
-        // The run's d is a multiple of its length: one 4- or 8-byte store.
-        using Word = __attribute__((ext_vector_type(kRun / 2))) unsigned;
-        *reinterpret_cast<Word*>(to) = __builtin_bit_cast(Word, out);
-      } else {
-#pragma unroll
-        for (unsigned e = 0; e < kRun; ++e) to[e] = out.elem[e];
-      }
-    });
+    hk::tile::store_rows(w.o, o + static_cast<unsigned long long>(qs.first + wq) * p.ldo + h * kDv,
+                         p.ldo, q1 - wq, o_vector);
 #pragma unroll
     for (unsigned slot = 0; slot < F::Wave::kSlots; ++slot) {
-      const unsigned qi = F::Wave::query(slot);
+      const unsigned qi = F::Wave::row(slot);
       // One lane of those that share the query writes its log-sum-exp.
-      const bool writer = HK_NVIDIA ? hk::lane_id() % 4 == 0 : hk::lane_id() < 16;
+      const bool writer = F::Wave::first_of_row();
       if (writer && wq + static_cast<int>(qi) < q1)
         lse[static_cast<unsigned long long>(h) * p.ld_lse + qs.first + wq + qi] = row_lse[slot];
     }

@@ -28,6 +28,15 @@ pub enum Expect {
         abs: f64,
         rel: f64,
     },
+    /// [`Expect::StridedClose`] with a tolerance of its own for each element (`bound[i]` for
+    /// `want[i]`): for outputs whose error bound depends on the sums behind each element (the
+    /// attention gradients).
+    StridedBounded {
+        want: Vec<f64>,
+        bound: Vec<f64>,
+        row_len: usize,
+        stride: usize,
+    },
     /// Top-k indices: `rows` rows of `k` indices into rows of `row_len` input values; each index
     /// must be in range, unique in its row, and select an input equal to the value the kernel
     /// reported at the same place (`values`, the kernel's own value output, checked separately),
@@ -168,7 +177,7 @@ fn check_one(
         first.get_or_insert((index, got, want));
     };
     match expect {
-        Expect::Close { .. } | Expect::StridedClose { .. } => {
+        Expect::Close { .. } | Expect::StridedClose { .. } | Expect::StridedBounded { .. } => {
             let Some(layout) = expect.close_layout() else {
                 unreachable!("both forms are compared to a reference")
             };
@@ -244,6 +253,8 @@ fn check_one(
 /// Where the elements of a close-to-reference output are and how close each must come.
 pub struct CloseLayout<'a> {
     want: &'a [f64],
+    /// Each element's own tolerance, where given (else `abs + rel·|want|`).
+    bound: Option<&'a [f64]>,
     row_len: usize,
     stride: usize,
     abs: f64,
@@ -264,11 +275,13 @@ impl CloseLayout<'_> {
     /// for an element in a gap between rows (or past the output).
     pub fn at(&self, i: usize) -> Option<(f64, f64)> {
         let (row, col) = (i / self.stride.max(1), i % self.stride.max(1));
-        let want = *self
-            .want
-            .get(row * self.row_len + col)
-            .filter(|_| col < self.row_len)?;
-        Some((want, self.abs + self.rel * want.abs()))
+        let at = row * self.row_len + col;
+        let want = *self.want.get(at).filter(|_| col < self.row_len)?;
+        let tolerance = match self.bound {
+            Some(bound) => bound[at],
+            None => self.abs + self.rel * want.abs(),
+        };
+        Some((want, tolerance))
     }
 }
 
@@ -279,6 +292,7 @@ impl Expect {
         match self {
             Self::Close { want, abs, rel } => Some(CloseLayout {
                 want,
+                bound: None,
                 row_len: want.len(),
                 stride: want.len(),
                 abs: *abs,
@@ -292,10 +306,24 @@ impl Expect {
                 rel,
             } => Some(CloseLayout {
                 want,
+                bound: None,
                 row_len: *row_len,
                 stride: *stride,
                 abs: *abs,
                 rel: *rel,
+            }),
+            Self::StridedBounded {
+                want,
+                bound,
+                row_len,
+                stride,
+            } => Some(CloseLayout {
+                want,
+                bound: Some(bound),
+                row_len: *row_len,
+                stride: *stride,
+                abs: 0.0,
+                rel: 0.0,
             }),
             Self::Exact(_) | Self::TopKIndices { .. } => None,
         }

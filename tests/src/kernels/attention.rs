@@ -75,7 +75,7 @@ pub struct Packed<'a> {
 }
 
 impl Packed<'_> {
-    fn row(&self, token: usize, head: usize) -> &[f64] {
+    pub fn row(&self, token: usize, head: usize) -> &[f64] {
         let at = token * self.ld + head * self.dim;
         &self.data[at..at + self.dim]
     }
@@ -441,7 +441,7 @@ fn u32_arg(x: usize) -> CaseArg {
 }
 
 /// `f` over `items` on every core: the f64 reference of a long sequence takes seconds alone.
-fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+pub fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let next = std::sync::atomic::AtomicUsize::new(0);
     let mut slots: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();

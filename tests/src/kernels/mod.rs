@@ -3,6 +3,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod attention_backward;
 pub mod conv1d;
 pub mod fp8;
 pub mod gemm;
@@ -29,5 +30,6 @@ pub fn all_cases(rng: &mut impl rand::Rng) -> Vec<Case> {
     cases.extend(fp8::cases());
     cases.extend(quant::cases(rng));
     cases.extend(attention::cases(rng));
+    cases.extend(attention_backward::cases(rng));
     cases
 }

@@ -64,6 +64,14 @@ template <typename T, unsigned kRows_, unsigned kCols_> struct SharedPanels {
   }
 };
 
+// Columns [offset, offset + ...) of a tile, read through at() like the tile: a part of its
+// columns as a matrix operand.
+template <class Tile> struct ColumnSlice {
+  const Tile& tile;
+  unsigned offset;
+  HK_DEVICE const auto* at(unsigned row, unsigned col) const { return tile.at(row, offset + col); }
+};
+
 // A block's kStages pipeline stages (each a struct of shared tiles): static shared memory
 // (48 KiB at most on NVIDIA), or, when kDynamic, the launch's dynamic shared memory, whose size
 // the kernel's contract gives.

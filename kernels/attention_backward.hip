@@ -1,0 +1,414 @@
+// Flash attention backward over packed variable-length sequences (THD): the gradients of the
+// forward pass of kernels/attention.hip with respect to Q, K and V, from dO, O and the forward
+// pass's log-sum-exp, for the same layouts, masks, soft-cap and head groups. Three kernels,
+// no atomics (every gradient is summed in one block's registers, in a fixed order, so a run
+// repeats bit for bit):
+//   attn_bwd_delta_*   delta[h, t] = sum_c dO[t, h, c] O[t, h, c] (f32), the softmax's
+//                      correction term;
+//   attn_bwd_dq_*      a block takes 64 queries of one head and walks the keys they see:
+//                      S = Q Kᵀ, P = exp(s(S) - LSE), dP = dO Vᵀ, dS = P (dP - delta) s'(S),
+//                      dQ = scale dS K;
+//   attn_bwd_dkdv_*    a block takes 64 keys of one key head and walks the queries that see
+//                      them, of every query head of its group (so GQA's sums over the group
+//                      are a loop, not atomics): Sᵀ, Pᵀ and dPᵀ = V dOᵀ as above,
+//                      dV = Pᵀ dO, dK = scale dSᵀ Q.
+// For d_qk > 128 a block takes half the columns of its gradients (a quarter of dK's and dV's at
+// 256; grid y counts the parts of each head), as all of them do not fit one wave's registers;
+// on AMD at d_qk = 256 a block has
+// 2 waves (32 own rows), as 64 would not fit 64 KiB of LDS.
+// s(x) = x scale, or c tanh(x scale / c) with a soft-cap c, whose derivative folds into dS as
+// 1 - tanh²; the forward pass's P is recomputed from the LSE, so rows that saw no key (LSE
+// -inf) are never read (every score of theirs is masked).
+//
+// Each wave's products are hk/tile/flash.h's RowScores and RowSums, over blocks walked by
+// walk_blocks (cp.async stages on NVIDIA, a register double buffer on AMD).
+//
+// Symbols: attn_bwd_delta_{bf16,f16}; attn_bwd_dq_d{64,128,256}_{bf16,f16} and
+// attn_bwd_dq_d192_dv128_*; attn_bwd_dkdv_* likewise. Launch: manifests/attention_backward.toml.
+#include "hk/hk.h"
+#include "hk/tile/flash.h"
+
+namespace {
+
+using hk::tile::SharedPanels;
+
+// ---- delta ----------------------------------------------------------------------------------
+
+constexpr unsigned kDeltaThreads = 256;
+constexpr unsigned kDeltaLanes = 16;  // lanes a (token, head) row
+
+template <typename T>
+HK_DEVICE void attention_delta(float* __restrict__ delta, const T* __restrict__ o,
+                               const T* __restrict__ d_o, unsigned total_q, unsigned heads_q,
+                               unsigned d_v, unsigned ldo, unsigned lddo, unsigned ld_delta) {
+  const unsigned lane = hk::thread_idx_x() % kDeltaLanes;
+  const unsigned team = hk::thread_idx_x() / kDeltaLanes;
+  constexpr unsigned kTeams = kDeltaThreads / kDeltaLanes;
+  const unsigned long long rows = static_cast<unsigned long long>(total_q) * heads_q;
+  // Teams stride over the rows; the loop's condition is the same for the whole team (each
+  // team's lanes lie in one wave), so the reduction never loses a lane.
+  for (unsigned long long r = static_cast<unsigned long long>(hk::block_idx_x()) * kTeams + team;
+       r < rows; r += static_cast<unsigned long long>(hk::grid_dim_x()) * kTeams) {
+    const unsigned long long t = r / heads_q;
+    const unsigned h = static_cast<unsigned>(r % heads_q);
+    const T* orow = o + t * ldo + h * d_v;
+    const T* grow = d_o + t * lddo + h * d_v;
+    float sum = 0.0f;
+    for (unsigned c = lane; c < d_v; c += kDeltaLanes) sum += hk::to_float(orow[c]) * hk::to_float(grow[c]);
+    sum = hk::lanes_reduce<kDeltaLanes>(sum, hk::Sum{});
+    if (lane == 0) delta[static_cast<unsigned long long>(h) * ld_delta + t] = sum;
+  }
+}
+
+// ---- dQ and dK, dV: shared parameters -------------------------------------------------------
+
+struct Params {
+  const float* lse;
+  const float* delta;
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  unsigned total_q, total_k, heads_q, heads_kv;
+  unsigned ldq, ldk, ldv, lddo, ld_lse;
+  float scale, softcap;
+  unsigned causal;
+  int window_left, window_right;
+};
+
+// A block of 4 waves of 16 own rows, walking blocks of 32 other rows; 2 waves for d_qk = 256
+// on AMD, whose tiles of 64 own rows would not fit 64 KiB of LDS.
+constexpr unsigned waves(unsigned d) { return HK_AMD && d == 256 ? 2 : 4; }
+constexpr unsigned threads(unsigned d) { return waves(d) * hk::kWaveSize; }
+constexpr unsigned kOthers = 32;
+
+// A call's logits in base 2 and the derivative of s(x) as the backward pass needs them.
+struct Logits {
+  bool capped;
+  float pre, post;  // logit2 = post tanh(pre x), or pre x
+  HK_DEVICE explicit Logits(const Params& p)
+      : capped(p.softcap > 0.0f),
+        pre(capped ? p.scale / p.softcap : p.scale * hk::kLog2e),
+        post(p.softcap * hk::kLog2e) {}
+  // The probability exp(s(x) - lse) from lse2 = lse log2(e).
+  HK_DEVICE float probability(float x, float lse2) const {
+    return hk::exp2((capped ? post * hk::tanh(pre * x) : pre * x) - lse2);
+  }
+  // ds/dx over scale at a probability p of that logit: 1 - tanh² with tanh recovered from p
+  // (p = 0 contributes nothing, whatever the factor).
+  HK_DEVICE float slope(float p, float lse2) const {
+    if (!capped || p == 0.0f) return 1.0f;
+    const float u = (hk::log2(p) + lse2) / post;
+    return 1.0f - u * u;
+  }
+};
+
+// ---- dQ -------------------------------------------------------------------------------------
+
+// Column parts of the gradients a block computes (grid y counts heads times parts): for heads
+// wider than 128, the sums of all columns did not fit a wave's registers beside the scores
+// (dQ at d = 256 spilled 40 bytes on sm_90, dK and dV at 192 4), so each block takes half of
+// them and recomputes the scores the other half needs too.
+constexpr unsigned parts(unsigned d) { return d > 128 ? 2 : 1; }
+
+template <typename T, unsigned kD, unsigned kDv> struct DqShapes {
+  static constexpr unsigned kThreads = threads(kD), kOwn = 16 * waves(kD);
+  struct Stage {
+    SharedPanels<T, kOthers, kD> k;
+    SharedPanels<T, kOthers, kDv> v;
+  };
+  struct Shared {
+    SharedPanels<T, kOwn, kD> q;
+    SharedPanels<T, kOwn, kDv> d_o;
+    Stage stage[hk::tile::kWalkStages];
+  };
+};
+
+template <class Stage, unsigned kThreads, typename T> struct KeyCopies {
+  const T *k, *v;
+  unsigned keys, ldk, ldv;
+  bool vector;
+#if HK_NVIDIA
+  HK_DEVICE void copy(unsigned block, Stage& to) const {
+    hk::tile::copy_panels<kThreads>(to.k, k, keys, ldk, block * kOthers, vector);
+    hk::tile::copy_panels<kThreads>(to.v, v, keys, ldv, block * kOthers, vector);
+  }
+#else
+  hk::tile::StagedPanels<decltype(Stage::k), kThreads> next_k;
+  hk::tile::StagedPanels<decltype(Stage::v), kThreads> next_v;
+  HK_DEVICE void fetch(unsigned block) {
+    next_k.fetch(k, keys, ldk, block * kOthers, vector);
+    next_v.fetch(v, keys, ldv, block * kOthers, vector);
+  }
+  HK_DEVICE void store(Stage& to) const {
+    next_k.store(to.k);
+    next_v.store(to.v);
+  }
+#endif
+};
+
+template <typename T, unsigned kD, unsigned kDv>
+HK_DEVICE void attention_dq(T* __restrict__ dq, unsigned lddq, const T* __restrict__ q,
+                            const T* __restrict__ k, const T* __restrict__ v,
+                            const T* __restrict__ d_o, const Params& p) {
+  using S = DqShapes<T, kD, kDv>;
+  using Scores = hk::tile::RowScores<T, 1, kOthers>;
+  constexpr unsigned kThreads = S::kThreads, kOwn = S::kOwn;
+  typename S::Shared& shared = *hk::tile::stages<typename S::Shared, 1, HK_NVIDIA>();
+
+  constexpr unsigned kPartD = kD / parts(kD);
+  const unsigned b = hk::block_idx_z();
+  const unsigned h = hk::block_idx_y() / parts(kD), part = hk::block_idx_y() % parts(kD);
+  const hk::tile::SequenceRows qs(p.cu_seqlens_q, b, p.total_q), ks(p.cu_seqlens_k, b, p.total_k);
+  const unsigned hk_ = h / (p.heads_q / p.heads_kv);
+  const unsigned long long q_first = qs.first;
+  const T* qd = q + q_first * p.ldq + h * kD;
+  const T* dod = d_o + q_first * p.lddo + h * kDv;
+  const T* kd = k + static_cast<unsigned long long>(ks.first) * p.ldk + hk_ * kD;
+  const T* vd = v + static_cast<unsigned long long>(ks.first) * p.ldv + hk_ * kDv;
+  const bool vector = hk::aligned16(qd, dod, kd, vd) && p.ldq % 8 == 0 && p.lddo % 8 == 0 &&
+                      p.ldk % 8 == 0 && p.ldv % 8 == 0;
+  const bool out_vector = hk::aligned16(dq) && lddq % 8 == 0;
+  const hk::tile::Visibility vis{static_cast<int>(qs.count), static_cast<int>(ks.count),
+                                 p.window_left, p.causal ? 0 : p.window_right};
+  const Logits logits(p);
+  const unsigned wave = hk::wave_id();
+
+  for (unsigned qb = hk::block_idx_x(); qb * kOwn < qs.count; qb += hk::grid_dim_x()) {
+    const int q0 = qb * kOwn;
+    const int q1 = q0 + kOwn < qs.count ? q0 + kOwn : qs.count;
+    const int wq = q0 + 16 * wave;
+    const int first = vis.first_key(q0), last = vis.last_key(q1);
+    const unsigned kb_first = first / kOthers;
+    const unsigned kb_last = last > first ? (last + kOthers - 1) / kOthers : kb_first;
+
+    // Each own row's LSE (base 2) and delta; rows past the sequence read nothing.
+    float lse2[Scores::kSlots], delta[Scores::kSlots];
+#pragma unroll
+    for (unsigned slot = 0; slot < Scores::kSlots; ++slot) {
+      const int row = wq + Scores::row(slot);
+      const unsigned long long at = static_cast<unsigned long long>(h) * p.ld_lse + q_first + row;
+      lse2[slot] = row < q1 ? p.lse[at] * hk::kLog2e : 0.0f;
+      delta[slot] = row < q1 ? p.delta[at] : 0.0f;
+    }
+
+    hk::tile::RowSums<T, 1, kPartD> grad;
+    grad.zero();
+    const auto multiply = [&](const typename S::Stage& st, unsigned kb) HK_INLINE {
+      const int k0 = kb * kOthers;
+      int lo[Scores::kSlots], hi[Scores::kSlots];
+#pragma unroll
+      for (unsigned slot = 0; slot < Scores::kSlots; ++slot) {
+        const int query = wq + Scores::row(slot);
+        lo[slot] = vis.first_key(query) - k0;
+        hi[slot] = vis.last_key(query + 1) - k0;
+      }
+      Scores ps;
+      ps.template compute<kD>(shared.q, st.k, 16 * wave);
+      ps.map([&](unsigned slot, unsigned, unsigned kj, float x) HK_INLINE {
+        const bool hidden = static_cast<int>(kj) < lo[slot] || static_cast<int>(kj) >= hi[slot];
+        return hidden ? 0.0f : logits.probability(x, lse2[slot]);
+      });
+      Scores dp;
+      dp.template compute<kDv>(shared.d_o, st.v, 16 * wave);
+      ps.map_with(dp, [&](unsigned slot, unsigned, unsigned, float pr, float g) HK_INLINE {
+        return pr * (g - delta[slot]) * logits.slope(pr, lse2[slot]);
+      });
+      grad.add(ps, hk::tile::ColumnSlice<decltype(st.k)>{st.k, part * kPartD});
+    };
+    if (kb_first < kb_last) {
+      hk::tile::copy_panels<kThreads>(shared.q, qd, qs.count, p.ldq, q0, vector);
+      hk::tile::copy_panels<kThreads>(shared.d_o, dod, qs.count, p.lddo, q0, vector);
+      KeyCopies<typename S::Stage, kThreads, T> copies{kd, vd, ks.count, p.ldk, p.ldv, vector};
+      hk::tile::walk_blocks(shared.stage, kb_first, kb_last, vector, copies, multiply);
+    }
+    hk::tile::store_rows(grad, dq + (q_first + wq) * lddq + h * kD + part * kPartD, lddq, q1 - wq,
+                         out_vector, p.scale);
+    // The next query block refills the tiles this one read.
+    hk::block_sync();
+  }
+}
+
+// ---- dK and dV ------------------------------------------------------------------------------
+
+template <typename T, unsigned kD, unsigned kDv> struct DkdvShapes {
+  // dK and dV at d = 256 in quarters: in halves they spilled 136 bytes on sm_80.
+  static constexpr unsigned kParts = kD == 256 ? 4 : parts(kD);
+  static constexpr unsigned kThreads = threads(kD), kOwn = 16 * waves(kD);
+  struct Stage {
+    SharedPanels<T, kOthers, kD> q;
+    SharedPanels<T, kOthers, kDv> d_o;
+  };
+  struct Shared {
+    SharedPanels<T, kOwn, kD> k;
+    SharedPanels<T, kOwn, kDv> v;
+    Stage stage[hk::tile::kWalkStages];
+  };
+};
+
+// The copies of a block of queries of one head: Q's and dO's rows. Block b is query block
+// first_block + b % blocks of query head first_head + b / blocks.
+template <class Stage, unsigned kThreads, typename T> struct QueryCopies {
+  static constexpr unsigned kD = decltype(Stage::q)::kCols, kDv = decltype(Stage::d_o)::kCols;
+  const T *q, *d_o;
+  unsigned ldq, lddo, queries, first_head, first_block, blocks;
+  bool vector;
+
+  HK_DEVICE unsigned head(unsigned b) const { return first_head + b / blocks; }
+  HK_DEVICE unsigned row0(unsigned b) const { return (first_block + b % blocks) * kOthers; }
+#if HK_NVIDIA
+  HK_DEVICE void copy(unsigned b, Stage& to) const {
+    hk::tile::copy_panels<kThreads>(to.q, q + head(b) * kD, queries, ldq, row0(b), vector);
+    hk::tile::copy_panels<kThreads>(to.d_o, d_o + head(b) * kDv, queries, lddo, row0(b), vector);
+  }
+#else
+  hk::tile::StagedPanels<decltype(Stage::q), kThreads> next_q;
+  hk::tile::StagedPanels<decltype(Stage::d_o), kThreads> next_do;
+  HK_DEVICE void fetch(unsigned b) {
+    next_q.fetch(q + head(b) * kD, queries, ldq, row0(b), vector);
+    next_do.fetch(d_o + head(b) * kDv, queries, lddo, row0(b), vector);
+  }
+  HK_DEVICE void store(Stage& to) const {
+    next_q.store(to.q);
+    next_do.store(to.d_o);
+  }
+#endif
+};
+
+template <typename T, unsigned kD, unsigned kDv>
+HK_DEVICE void attention_dkdv(T* __restrict__ dk, T* __restrict__ dv, unsigned lddk,
+                              unsigned lddv, const T* __restrict__ q, const T* __restrict__ k,
+                              const T* __restrict__ v, const T* __restrict__ d_o,
+                              const Params& p) {
+  using S = DkdvShapes<T, kD, kDv>;
+  using Scores = hk::tile::RowScores<T, 1, kOthers>;
+  constexpr unsigned kThreads = S::kThreads, kOwn = S::kOwn;
+  constexpr unsigned kPartD = kD / S::kParts, kPartDv = kDv / S::kParts;
+  typename S::Shared& shared = *hk::tile::stages<typename S::Shared, 1, HK_NVIDIA>();
+
+  const unsigned b = hk::block_idx_z();
+  const unsigned hk_ = hk::block_idx_y() / S::kParts, part = hk::block_idx_y() % S::kParts;
+  const unsigned group = p.heads_q / p.heads_kv;
+  const hk::tile::SequenceRows qs(p.cu_seqlens_q, b, p.total_q), ks(p.cu_seqlens_k, b, p.total_k);
+  const unsigned long long k_first = ks.first;
+  const T* kd = k + k_first * p.ldk + hk_ * kD;
+  const T* vd = v + k_first * p.ldv + hk_ * kDv;
+  const T* qd = q + static_cast<unsigned long long>(qs.first) * p.ldq;
+  const T* dod = d_o + static_cast<unsigned long long>(qs.first) * p.lddo;
+  const bool vector = hk::aligned16(qd, dod, kd, vd) && p.ldq % 8 == 0 && p.lddo % 8 == 0 &&
+                      p.ldk % 8 == 0 && p.ldv % 8 == 0;
+  const bool out_vector = hk::aligned16(dk, dv) && lddk % 8 == 0 && lddv % 8 == 0;
+  const hk::tile::Visibility vis{static_cast<int>(qs.count), static_cast<int>(ks.count),
+                                 p.window_left, p.causal ? 0 : p.window_right};
+  const Logits logits(p);
+  const unsigned wave = hk::wave_id();
+
+  for (unsigned kb = hk::block_idx_x(); kb * kOwn < ks.count; kb += hk::grid_dim_x()) {
+    const int k0 = kb * kOwn;
+    const int k1 = k0 + kOwn < ks.count ? k0 + kOwn : ks.count;
+    const int wk = k0 + 16 * wave;
+    const int first = vis.first_query(k0), last = vis.last_query(k1 - 1);
+    const unsigned qb_first = first / kOthers;
+    const unsigned blocks = last > first ? (last + kOthers - 1) / kOthers - qb_first : 0;
+
+    // Each own key's visible queries [lo, hi).
+    int lo[Scores::kSlots], hi[Scores::kSlots];
+#pragma unroll
+    for (unsigned slot = 0; slot < Scores::kSlots; ++slot) {
+      const int key = wk + Scores::row(slot);
+      lo[slot] = key < k1 ? vis.first_query(key) : 0;
+      hi[slot] = key < k1 ? vis.last_query(key) : 0;
+    }
+
+    hk::tile::RowSums<T, 1, kPartD> grad_k;
+    hk::tile::RowSums<T, 1, kPartDv> grad_v;
+    grad_k.zero();
+    grad_v.zero();
+    QueryCopies<typename S::Stage, kThreads, T> copies{qd, dod, p.ldq, p.lddo, qs.count,
+                                                       hk_ * group, qb_first, blocks, vector};
+    const auto multiply = [&](const typename S::Stage& st, unsigned blk) HK_INLINE {
+      const int q0 = copies.row0(blk);
+      // The LSE and delta of the block's queries, read where a visible score needs them (a few
+      // a lane, cached) rather than staged.
+      const unsigned long long stats = copies.head(blk) * static_cast<unsigned long long>(p.ld_lse) +
+                                       qs.first + q0;
+      Scores ps;
+      ps.template compute<kD>(shared.k, st.q, 16 * wave);
+      ps.map([&](unsigned slot, unsigned, unsigned qi, float x) HK_INLINE {
+        const int query = q0 + static_cast<int>(qi);
+        const bool hidden = query < lo[slot] || query >= hi[slot];
+        return hidden ? 0.0f : logits.probability(x, p.lse[stats + qi] * hk::kLog2e);
+      });
+      grad_v.add(ps, hk::tile::ColumnSlice<decltype(st.d_o)>{st.d_o, part * kPartDv});
+      Scores dp;
+      dp.template compute<kDv>(shared.v, st.d_o, 16 * wave);
+      ps.map_with(dp, [&](unsigned, unsigned, unsigned qi, float pr, float g) HK_INLINE {
+        if (pr == 0.0f) return 0.0f;
+        return pr * (g - p.delta[stats + qi]) * logits.slope(pr, p.lse[stats + qi] * hk::kLog2e);
+      });
+      grad_k.add(ps, hk::tile::ColumnSlice<decltype(st.q)>{st.q, part * kPartD});
+    };
+    if (blocks > 0) {
+      hk::tile::copy_panels<kThreads>(shared.k, kd, ks.count, p.ldk, k0, vector);
+      hk::tile::copy_panels<kThreads>(shared.v, vd, ks.count, p.ldv, k0, vector);
+      hk::tile::walk_blocks(shared.stage, 0, group * blocks, vector, copies, multiply);
+    }
+    const unsigned long long row = k_first + wk;
+    hk::tile::store_rows(grad_k, dk + row * lddk + hk_ * kD + part * kPartD, lddk, k1 - wk,
+                         out_vector, p.scale);
+    hk::tile::store_rows(grad_v, dv + row * lddv + hk_ * kDv + part * kPartDv, lddv, k1 - wk,
+                         out_vector);
+    // The next key block refills the tiles this one read.
+    hk::block_sync();
+  }
+}
+
+}  // namespace
+
+#define HK_ATTN_BWD_DELTA(name, T)                                                            \
+  HK_KERNEL HK_LAUNCH_BOUNDS(kDeltaThreads) void name(                                         \
+      float* delta, const T* o, const T* d_o, unsigned total_q, unsigned heads_q,             \
+      unsigned d_v, unsigned ldo, unsigned lddo, unsigned ld_delta) {                          \
+    attention_delta<T>(delta, o, d_o, total_q, heads_q, d_v, ldo, lddo, ld_delta);            \
+  }
+
+#define HK_PARAMS                                                                              \
+  Params {                                                                                     \
+    lse, delta, cu_seqlens_q, cu_seqlens_k, total_q, total_k, heads_q, heads_kv, ldq, ldk,     \
+        ldv, lddo, ld_lse, scale, softcap, causal, window_left, window_right                   \
+  }
+#define HK_COMMON_ARGS                                                                         \
+  const float *lse, const float *delta, const int *cu_seqlens_q, const int *cu_seqlens_k,      \
+      unsigned batch, unsigned total_q, unsigned total_k, unsigned max_seqlen, unsigned heads_q, \
+      unsigned heads_kv, unsigned ldq, unsigned ldk, unsigned ldv, unsigned lddo,              \
+      unsigned ld_lse, float scale, float softcap, unsigned causal, int window_left,           \
+      int window_right
+
+// SHARED: the contract's dynamic shared memory on NVIDIA (manifests/attention_backward.toml).
+#define HK_ATTN_BWD(suffix, T, D, DV, DQ_SHARED, DKDV_SHARED)                                   \
+  HK_KERNEL HK_LAUNCH_BOUNDS(threads(D)) void attn_bwd_dq_##suffix(                              \
+      T* dq, const T* q, const T* k, const T* v, const T* d_o, unsigned lddq, HK_COMMON_ARGS) { \
+    static_assert(HK_AMD || sizeof(DqShapes<T, D, DV>::Shared) <= DQ_SHARED,                  \
+                  "manifests/attention_backward.toml gives less shared memory than this uses"); \
+    (void)batch;                                                                               \
+    (void)max_seqlen;                                                                          \
+    attention_dq<T, D, DV>(dq, lddq, q, k, v, d_o, HK_PARAMS);                                 \
+  }                                                                                            \
+  HK_KERNEL HK_LAUNCH_BOUNDS(threads(D)) void attn_bwd_dkdv_##suffix(                            \
+      T* dk, T* dv, const T* q, const T* k, const T* v, const T* d_o, unsigned lddk,           \
+      unsigned lddv, HK_COMMON_ARGS) {                                                         \
+    static_assert(HK_AMD || sizeof(DkdvShapes<T, D, DV>::Shared) <= DKDV_SHARED,              \
+                  "manifests/attention_backward.toml gives less shared memory than this uses"); \
+    (void)batch;                                                                               \
+    (void)max_seqlen;                                                                          \
+    attention_dkdv<T, D, DV>(dk, dv, lddk, lddv, q, k, v, d_o, HK_PARAMS);                     \
+  }
+
+HK_ATTN_BWD_DELTA(attn_bwd_delta_bf16, hk::bf16)
+HK_ATTN_BWD_DELTA(attn_bwd_delta_f16, hk::f16)
+HK_ATTN_BWD(d64_bf16, hk::bf16, 64, 64, 32768, 32768)
+HK_ATTN_BWD(d128_bf16, hk::bf16, 128, 128, 65536, 65536)
+HK_ATTN_BWD(d256_bf16, hk::bf16, 256, 256, 131072, 131072)
+HK_ATTN_BWD(d192_dv128_bf16, hk::bf16, 192, 128, 81920, 81920)
+HK_ATTN_BWD(d64_f16, hk::f16, 64, 64, 32768, 32768)
+HK_ATTN_BWD(d128_f16, hk::f16, 128, 128, 65536, 65536)
+HK_ATTN_BWD(d256_f16, hk::f16, 256, 256, 131072, 131072)
+HK_ATTN_BWD(d192_dv128_f16, hk::f16, 192, 128, 81920, 81920)
