@@ -13,7 +13,8 @@ of tests/src/kernels/attention.rs (gpu_parity) covers the options and odd shapes
 the long sequences it cannot afford.
 
 Speed: TFLOP/s at batch x sequence = 16k tokens, sequence 1k-16k, heads 32 (GQA 32/8), head
-dims 64 and 128, causal and not (causal counts half the products, as FlashAttention does).
+dims 64 and 128, causal and not (causal counts half the products, as FlashAttention does); the
+forward pass alone, then forward + backward through hkload.torch's differentiable op.
 
 usage: attention_bench.py BUNDLE [--check-only | --bench-only]   (hkload on PYTHONPATH)
 """
@@ -162,6 +163,44 @@ def bench(att):
                       f"{ours / peers[0]:8.2f} {ours / peers[1]:8.2f}", flush=True)
 
 
+def bench_training(bundle):
+    """Forward + backward through the differentiable op (hkload.torch's `attention`: the
+    forward kernel, then attn_bwd_delta, attn_bwd_dq and attn_bwd_dkdv) against SDPA's backends,
+    in TFLOP/s of the forward's products times 3.5 (the backward's five products, as
+    FlashAttention counts them; ours recomputes two more, which the count leaves out)."""
+    import hkload.torch
+
+    ops = hkload.torch.register(hkload.Bundle(bundle).load(torch.device("cuda", 0)), namespace="hk_bench")
+    print(f"\nforward + backward TFLOP/s, bf16, 16k tokens, heads 32/8")
+    print(f"{'d':>4} {'seq':>6} {'causal':>6} | {'hk':>7} {'flash':>7} {'cudnn':>7} | "
+          f"{'hk/flash':>8} {'hk/cudnn':>8}")
+    for d in (64, 128):
+        for causal in (False, True):
+            for seq in (1024, 4096, 16384):
+                batch = 16384 // seq
+                q, k, v = (x.detach().requires_grad_(True) for x in inputs(batch, seq, 32, 8, d, d, torch.bfloat16))
+                flops = 3.5 * 4 * batch * seq * seq * 32 * d / (2 if causal else 1)
+                cu = torch.arange(0, (batch + 1) * seq, seq, device="cuda", dtype=torch.int32)
+                grad = torch.randn(batch * seq, 32, d, device="cuda", dtype=torch.bfloat16)
+
+                def ours():
+                    o, _ = ops.attention(q, k, v, cu, cu, seq, seq, 1 / math.sqrt(d), causal=causal)
+                    o.backward(grad)
+
+                t = timed(ours, reps=10)
+                peers = []
+                for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+                    def peer():
+                        sdpa(q, k, v, batch, seq, causal, backend).backward(grad)
+                    try:
+                        peers.append(flops / timed(peer, reps=10) / 1e12)
+                    except RuntimeError:
+                        peers.append(float("nan"))
+                ours_tf = flops / t / 1e12
+                print(f"{d:>4} {seq:>6} {int(causal):>6} | {ours_tf:7.1f} {peers[0]:7.1f} {peers[1]:7.1f} | "
+                      f"{ours_tf / peers[0]:8.2f} {ours_tf / peers[1]:8.2f}", flush=True)
+
+
 def main():
     args = sys.argv[1:]
     if not args:
@@ -172,6 +211,7 @@ def main():
         ok = check(att)
     if "--check-only" not in args:
         bench(att)
+        bench_training(args[0])
     sys.exit(0 if ok else 1)
 
 

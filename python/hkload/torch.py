@@ -11,6 +11,10 @@ Each op takes the kernel's arguments in order: ``Tensor`` for pointers (``Tensor
 integers; it returns nothing. Its fake (meta) implementation does nothing either, as the op
 only writes into tensors it was given. The CUDA implementation is the kernel itself, with all
 of hkload's checks; ROCm builds of torch dispatch to it under the same key.
+
+Where the bundle has the attention kernels, ``register`` also defines
+``torch.ops.<namespace>.attention``: flash attention as one op with an autograd formula (the
+``attn_bwd_*`` kernels), see ``hkload.attention``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import string
 
 import torch
 
-from . import FLOAT_DTYPES, Kernels, NoCodeObjectError, Signature
+from . import FLOAT_DTYPES, Kernels, NoCodeObjectError, Signature, attention
 
 # Libraries must outlive their ops: torch removes a library's registrations when it is freed.
 _libraries: list[torch.library.Library] = []
@@ -47,8 +51,8 @@ def _fake(*args: object) -> None:
 
 
 def register(kernels: Kernels, namespace: str = "hk") -> torch._ops._OpNamespace:
-    """Defines every kernel of ``kernels`` as the op ``torch.ops.<namespace>.<kernel>`` and
-    returns ``torch.ops.<namespace>``. A namespace holds one bundle's kernels once: register
+    """Defines every kernel of ``kernels`` as the op ``torch.ops.<namespace>.<kernel>`` (and
+    ``attention``, where the attention kernels are there) and returns ``torch.ops.<namespace>``. A namespace holds one bundle's kernels once: register
     another device's or bundle's under another namespace. Kernels the bundle builds on purpose
     for other targets only (``kernels[name]`` raises NoCodeObjectError saying why) are left
     out."""
@@ -61,5 +65,6 @@ def register(kernels: Kernels, namespace: str = "hk") -> torch._ops._OpNamespace
         library.define(schema(kernel.signature))
         library.impl(name, kernel, "CUDA")
         torch.library.register_fake(f"{namespace}::{name}", _fake, lib=library)
+    attention.define(library, namespace, kernels)
     _libraries.append(library)
     return getattr(torch.ops, namespace)

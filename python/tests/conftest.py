@@ -15,8 +15,8 @@ BUNDLE = Path(os.environ.get("HKLOAD_BUNDLE", ROOT / "dist" / "hk-kernels-0.1.0"
 
 # Integer arguments every kernel of the repository's bundle accepts: its contracts'
 # requirements hold (k <= n, rot_dim <= dim and even, width >= 1, the GEMMs' leading
-# dimensions at least their rows' widths and a batch's outputs apart) and every buffer is
-# small.
+# dimensions at least their rows' widths and a batch's outputs apart, attention's head groups
+# and row strides) and every buffer is small.
 SIZES = {
     "m": 3,
     "lda": 5,
@@ -38,6 +38,28 @@ SIZES = {
     "table_rows": 7,
     "seqlen": 9,
     "width": 4,
+    # Attention: 2 sequences over 3 query and 4 key tokens, GQA 2/1, rows wide enough for the
+    # widest head (256) and d_v = 4 for delta's kernel, no window.
+    "total_q": 3,
+    "total_k": 4,
+    "max_seqlen_q": 2,
+    "max_seqlen": 2,
+    "heads_q": 2,
+    "heads_kv": 1,
+    "ldq": 512,
+    "ldo": 512,
+    "lddo": 512,
+    "lddq": 512,
+    "ldk": 256,
+    "ldv": 256,
+    "lddk": 256,
+    "lddv": 256,
+    "ld_lse": 4,
+    "ld_delta": 4,
+    "d_v": 4,
+    "causal": 1,
+    "window_left": -1,
+    "window_right": -1,
 }
 
 

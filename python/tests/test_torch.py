@@ -298,8 +298,73 @@ def fp8_case(kernel: str, generator: torch.Generator) -> Case:
     raise AssertionError(f"no torch reference for {kernel}: add one to this suite")
 
 
+def attention_case(kernel: str, generator: torch.Generator) -> Case:
+    """A call of one attention kernel (`attn_fwd_*`, `attn_bwd_{delta,dq,dkdv}_*`) on two packed
+    causal sequences with GQA 2/1, against the float64 reference of test_attention.py (and its
+    autograd gradients); the backward kernels get the reference's O, LSE and delta."""
+    from test_attention import reference
+
+    words = kernel.split("_")
+    suffix = words[-1]
+    dtype = DTYPES[suffix]
+    dims = [int(w.removeprefix("dv").removeprefix("d")) for w in words if w[0] == "d" and w[-1].isdigit()]
+    d, dv = (dims[0], dims[-1]) if dims else (64, 64)
+    lengths, hq, hkv = [5, 70], 2, 1
+    tokens = sum(lengths)
+    cu = torch.tensor([0, *lengths], device="cuda").cumsum(0).to(torch.int32)
+
+    def rand(*shape):
+        return (torch.rand(*shape, generator=generator, device="cuda", dtype=torch.float64) * 2 - 1).to(dtype)
+
+    q, k, v, grad_o = rand(tokens, hq, d), rand(tokens, hkv, d), rand(tokens, hkv, dv), rand(tokens, hq, dv)
+    scale = 1 / d**0.5
+    leaves = [x.double().requires_grad_(True) for x in (q, k, v)]
+    want_o, want_lse = reference(*leaves, lengths, scale, causal=True)
+    (want_o * grad_o.double()).sum().backward()
+    o = want_o.detach().to(dtype)
+    lse = want_lse.detach().float().contiguous()
+    delta = (o.double() * grad_o.double()).sum(-1).T.contiguous()
+    common = [lse, delta.float(), cu, cu, len(lengths), tokens, tokens, max(lengths), hq, hkv,
+              hq * d, hkv * d, hkv * dv, hq * dv, tokens, scale, 0.0, 1, -1, -1]
+    scale_of = lambda t: t.abs().max().item()  # noqa: E731
+
+    def grad_close(got, want, what):
+        torch.testing.assert_close(got.double(), want, atol=8 * TOLERANCE[suffix][0] * scale_of(want), rtol=0, msg=lambda m: f"{what}: {m}")
+
+    if words[1] == "fwd":
+        out = torch.full((tokens, hq, dv), float("nan"), dtype=dtype, device="cuda")
+        lse_out = torch.full((hq, tokens), float("nan"), device="cuda")
+        args = [out, lse_out, q, k, v, cu, cu, len(lengths), tokens, tokens, max(lengths), hq, hkv,
+                hq * d, hkv * d, hkv * dv, hq * dv, tokens, scale, 0.0, 1, -1, -1]
+
+        def check():
+            close(out, want_o.detach(), suffix, kernel)
+            torch.testing.assert_close(lse_out.double(), want_lse.detach(), atol=1e-4, rtol=0)
+
+        return Case(kernel, args, check)
+    if words[2] == "delta":
+        out = torch.full((hq, tokens), float("nan"), device="cuda")
+        args = [out, o, grad_o, tokens, hq, dv, hq * dv, hq * dv, tokens]
+        return Case(kernel, args, lambda: torch.testing.assert_close(out.double(), delta, atol=1e-4, rtol=1e-5))
+    if words[2] == "dq":
+        dq = torch.full((tokens, hq, d), float("nan"), dtype=dtype, device="cuda")
+        args = [dq, q, k, v, grad_o, hq * d] + common
+        return Case(kernel, args, lambda: grad_close(dq, leaves[0].grad, kernel))
+    dk = torch.full((tokens, hkv, d), float("nan"), dtype=dtype, device="cuda")
+    dvv = torch.full((tokens, hkv, dv), float("nan"), dtype=dtype, device="cuda")
+    args = [dk, dvv, q, k, v, grad_o, hkv * d, hkv * dv] + common
+
+    def check():
+        grad_close(dk, leaves[1].grad, f"{kernel} dk")
+        grad_close(dvv, leaves[2].grad, f"{kernel} dv")
+
+    return Case(kernel, args, check)
+
+
 def case(kernel: str, generator: torch.Generator) -> Case:
     """A call of `kernel` on fresh random inputs, with the float64 torch reference."""
+    if kernel.startswith("attn_"):
+        return attention_case(kernel, generator)
     if kernel.startswith(("gemm_a8w8", "gemm_a16w8", "gemm_fp8", "batched_gemm_a8w8", "batched_gemm_fp8")):
         return q8_gemm_case(kernel, generator)
     if "gemm" in kernel:

@@ -784,3 +784,176 @@ fn every_attention_requirement_is_enforced_on_both_sides_of_its_boundary() {
         );
     }
 }
+
+/// The attention backward kernels' contracts: the clauses they add to the forward pass's (their
+/// gradients' row strides, max_seqlen against the side it counts, delta's row kernel), each on
+/// both sides of its boundary, and their launches (column parts along y, 2 waves at d = 256 on
+/// AMD).
+#[test]
+fn every_attention_backward_requirement_is_enforced_on_both_sides_of_its_boundary() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    let (_, device) = simulated("sm_90");
+    let (_, amd) = simulated("gfx942:sramecc+:xnack-");
+    const UNBOUNDED: u64 = u64::MAX; // -1 as the i32 window bounds
+    let (d, dv) = (192u64, 128u64);
+    let base = [
+        ("batch", 2),
+        ("total_q", 10),
+        ("total_k", 12),
+        ("max_seqlen", 6),
+        ("heads_q", 4),
+        ("heads_kv", 2),
+        ("ldq", 4 * d),
+        ("ldk", 2 * d),
+        ("ldv", 2 * dv),
+        ("lddo", 4 * dv),
+        ("lddq", 4 * d),
+        ("lddk", 2 * d),
+        ("lddv", 2 * dv),
+        ("ld_lse", 10),
+        ("window_left", UNBOUNDED),
+        ("window_right", UNBOUNDED),
+    ];
+    let with = |changes: &[(&'static str, u64)]| {
+        let mut values: Vec<(&str, u64)> = base.to_vec();
+        for &(name, value) in changes {
+            values.iter_mut().find(|(n, _)| *n == name).unwrap().1 = value;
+        }
+        values
+    };
+    let outcome = |symbol: &str, changes: &[(&'static str, u64)]| {
+        call(&bundle, &device, symbol, &with(changes), 1 << 14)
+    };
+    let held = |symbol: &str, changes: &[(&'static str, u64)]| match outcome(symbol, changes) {
+        Ok(()) | Err(Error::Launch(LaunchError::Extent { .. })) => {}
+        Err(other) => panic!("{symbol} {changes:?}: {other}"),
+    };
+    let refused = |symbol: &str, changes: &[(&'static str, u64)], needle: &str| {
+        let text = unmet(outcome(symbol, changes));
+        assert!(text.contains(needle), "{symbol} {changes:?}: {text}");
+    };
+    let (dq, dkdv) = (
+        "attn_bwd_dq_d192_dv128_bf16",
+        "attn_bwd_dkdv_d192_dv128_f16",
+    );
+    for symbol in [dq, dkdv] {
+        held(symbol, &[]);
+        refused(
+            symbol,
+            &[("heads_kv", 3)],
+            "heads_q must be a multiple of heads_kv",
+        );
+        held(symbol, &[("heads_q", 16_383), ("heads_kv", 1)]);
+        refused(
+            symbol,
+            &[("heads_q", 16_384), ("heads_kv", 1)],
+            "heads_q must be 1 to 16383",
+        );
+        refused(symbol, &[("batch", 0)], "batch must be 1 to 65535");
+        refused(symbol, &[("ld_lse", 9)], "ld_lse must be at least total_q");
+        refused(symbol, &[("causal", 2)], "causal must be 0 or 1");
+        refused(
+            symbol,
+            &[("window_right", u64::MAX - 1)],
+            "window_left and window_right",
+        );
+        held(symbol, &[("lddo", 4 * dv)]);
+        refused(
+            symbol,
+            &[("lddo", 4 * dv - 1)],
+            "lddo must be at least heads_q * 128",
+        );
+        refused(
+            symbol,
+            &[("ldk", 2 * d - 1)],
+            "ldk must be at least heads_kv * 192",
+        );
+    }
+    held(dq, &[("lddq", 4 * d)]);
+    refused(
+        dq,
+        &[("lddq", 4 * d - 1)],
+        "lddq must be at least heads_q * 192",
+    );
+    held(dq, &[("max_seqlen", 10)]);
+    refused(dq, &[("max_seqlen", 11)], "max_seqlen must be 1 to total_q");
+    held(dkdv, &[("max_seqlen", 12)]);
+    refused(
+        dkdv,
+        &[("max_seqlen", 13)],
+        "max_seqlen must be 1 to total_k",
+    );
+    refused(
+        dkdv,
+        &[("max_seqlen", 0)],
+        "max_seqlen must be 1 to total_k",
+    );
+    held(dkdv, &[("lddk", 2 * d), ("lddv", 2 * dv)]);
+    refused(
+        dkdv,
+        &[("lddk", 2 * d - 1)],
+        "lddk must be at least heads_kv * 192",
+    );
+    refused(
+        dkdv,
+        &[("lddv", 2 * dv - 1)],
+        "lddv must be at least heads_kv * 128",
+    );
+
+    // delta's row kernel.
+    let delta = |changes: &[(&'static str, u64)]| {
+        let mut values = vec![
+            ("total_q", 10),
+            ("heads_q", 4),
+            ("d_v", 128),
+            ("ldo", 512),
+            ("lddo", 512),
+            ("ld_delta", 10),
+        ];
+        for &(name, value) in changes {
+            values.iter_mut().find(|(n, _)| *n == name).unwrap().1 = value;
+        }
+        call(&bundle, &device, "attn_bwd_delta_bf16", &values, 1 << 14)
+    };
+    delta(&[]).unwrap();
+    assert!(unmet(delta(&[("d_v", 0)])).contains("total_q, heads_q and d_v must be at least 1"));
+    assert!(unmet(delta(&[("ldo", 511)])).contains("ldo and lddo must be at least heads_q * d_v"));
+    assert!(unmet(delta(&[("lddo", 511)])).contains("ldo and lddo must be at least heads_q * d_v"));
+    assert!(unmet(delta(&[("ld_delta", 9)])).contains("ld_delta must be at least total_q"));
+
+    // Launches: 64 own rows (4 waves) a block, heads times column parts along y; row strides
+    // wide enough for d = 256.
+    let values = with(&[
+        ("ldq", 4 * 256),
+        ("ldk", 2 * 256),
+        ("ldv", 2 * 256),
+        ("lddo", 4 * 256),
+        ("lddq", 4 * 256),
+        ("lddk", 2 * 256),
+        ("lddv", 2 * 256),
+    ]);
+    for (symbol, device, want) in [
+        (
+            "attn_bwd_dq_d192_dv128_bf16",
+            &device,
+            ([1, 8, 2], 128, 81920),
+        ),
+        (
+            "attn_bwd_dkdv_d192_dv128_f16",
+            &device,
+            ([1, 4, 2], 128, 81920),
+        ),
+        ("attn_bwd_dkdv_d64_bf16", &device, ([1, 2, 2], 128, 32768)),
+        ("attn_bwd_dkdv_d64_bf16", &amd, ([1, 2, 2], 256, 0)),
+        ("attn_bwd_dkdv_d256_bf16", &device, ([1, 8, 2], 128, 131072)),
+        ("attn_bwd_dq_d256_f16", &amd, ([1, 8, 2], 128, 0)),
+    ] {
+        let dims = shape(&bundle, device, symbol, &values, 1 << 22);
+        assert_eq!(
+            (dims.grid, dims.block[0], dims.shared_bytes),
+            want,
+            "{symbol}"
+        );
+    }
+}
