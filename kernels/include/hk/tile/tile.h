@@ -13,6 +13,9 @@
 //   hk/tile/widen.h     WideningCopy: FP8 blocks widened to bf16 tiles on the way (weight-only)
 //   hk/tile/k_loop.h    the K loop of a matrix kernel (stages, copy path chosen before the loop,
 //                       split-K share and batch roles) around its multiply hook
+// and, included by the kernels that use it:
+//   hk/tile/flash.h     attention's wave products (RowScores, RowSums), online softmax
+//                       (FlashWave), masks, packed sequences and the walk over blocks of rows
 // and, for sm_90a code only, included by the kernels that use them:
 //   hk/tile/wgmma.h     Hopper's warpgroup matrix instruction over swizzled shared tiles
 //   hk/tile/pipeline.h  the warp-specialised stage ring (producer and consumer warpgroups,
