@@ -812,6 +812,7 @@ fn every_attention_backward_requirement_is_enforced_on_both_sides_of_its_boundar
         ("lddk", 2 * d),
         ("lddv", 2 * dv),
         ("ld_lse", 10),
+        ("causal", 0),
         ("window_left", UNBOUNDED),
         ("window_right", UNBOUNDED),
     ];
@@ -844,7 +845,14 @@ fn every_attention_backward_requirement_is_enforced_on_both_sides_of_its_boundar
             &[("heads_kv", 3)],
             "heads_q must be a multiple of heads_kv",
         );
-        held(symbol, &[("heads_q", 16_383), ("heads_kv", 1)]);
+        let widest = [
+            ("heads_q", 16_383),
+            ("heads_kv", 1),
+            ("ldq", 16_383 * d),
+            ("lddq", 16_383 * d),
+            ("lddo", 16_383 * dv),
+        ];
+        held(symbol, &widest);
         refused(
             symbol,
             &[("heads_q", 16_384), ("heads_kv", 1)],
