@@ -230,9 +230,9 @@ fn head_grads(
                 g.dk.want[j * d + c] += scoring.scale * ds * qi[c];
                 g.dk.bound[j * d + c] += scoring.scale * (ds_err + u * ds.abs()) * qi[c].abs();
             }
-            for c in 0..dv {
-                g.dv.want[j * dv + c] += p * doi[c];
-                g.dv.bound[j * dv + c] += p * (e_p + n * 2f64.powi(-24)) * doi[c].abs();
+            for (c, &g_o) in doi.iter().enumerate() {
+                g.dv.want[j * dv + c] += p * g_o;
+                g.dv.bound[j * dv + c] += p * (e_p + n * 2f64.powi(-24)) * g_o.abs();
             }
         }
     }
