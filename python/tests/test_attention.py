@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
 
 import hkload  # noqa: E402
 import hkload.torch  # noqa: E402
+from conftest import readme_example  # noqa: E402
 
 LENGTHS = [1, 7, 130, 64]  # one batch: a single token, a tail, two blocks and a tail, a block
 
@@ -163,3 +164,7 @@ def test_a_model_compiles_without_graph_breaks_forward_and_backward(ops):
     compiled.backward()
     torch.testing.assert_close(compiled, eager)
     torch.testing.assert_close(proj.weight.grad, eager_grad)
+
+
+def test_the_readme_prefill_example_runs():
+    exec(readme_example("attn_fwd_d128_bf16"), {})
