@@ -2,14 +2,15 @@
 //! compared with the f64 references of [`hk_tests::kernels`] on fresh random inputs.
 //!
 //! ```text
-//! gpu_parity <bundle folder> [--seed N]
+//! gpu_parity <bundle folder> [--seed N] [--only PREFIX]
 //! ```
 //!
 //! Prints the device, the code object chosen for each module, the seed (pass it back with
 //! `--seed` to repeat a run), one line per kernel (cases passed, worst error as a fraction of
 //! the tolerance) with a line per failed case, and last `N passed, M failed`, counting cases
-//! and every kernel of the bundle that has no case. Exits with 1 when anything failed, 2 when
-//! the suite could not start.
+//! and every kernel of the bundle that has no case. `--only` runs the kernels whose symbols
+//! start with PREFIX alone (for a slow instrument such as `compute-sanitizer`). Exits with 1
+//! when anything failed, 2 when the suite could not start.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,7 +26,7 @@ use rand::rngs::StdRng;
 
 use hk_tests::device_case::{CaseBuffers, run_case};
 
-const USAGE: &str = "usage: gpu_parity <bundle folder> [--seed N]";
+const USAGE: &str = "usage: gpu_parity <bundle folder> [--seed N] [--only PREFIX]";
 
 /// Failed cases shown per kernel; the rest are counted.
 const SHOWN_FAILURES: usize = 3;
@@ -44,11 +45,13 @@ fn main() -> ExitCode {
 struct Options {
     bundle: PathBuf,
     seed: Option<u64>,
+    only: Option<String>,
 }
 
 fn parse_args() -> Result<Options, String> {
     let mut bundle = None;
     let mut seed = None;
+    let mut only = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -61,6 +64,12 @@ fn parse_args() -> Result<Options, String> {
                     .map_err(|_| format!("--seed takes an unsigned integer, not `{value}`"))?;
                 seed = Some(value);
             }
+            "--only" => {
+                only = Some(
+                    args.next()
+                        .ok_or(format!("--only needs a symbol prefix\n{USAGE}"))?,
+                );
+            }
             "-h" | "--help" => return Err(USAGE.into()),
             _ if bundle.is_none() && !arg.starts_with('-') => bundle = Some(PathBuf::from(arg)),
             _ => return Err(format!("unexpected argument `{arg}`\n{USAGE}")),
@@ -69,6 +78,7 @@ fn parse_args() -> Result<Options, String> {
     Ok(Options {
         bundle: bundle.ok_or(USAGE)?,
         seed,
+        only,
     })
 }
 
@@ -113,12 +123,19 @@ fn run() -> Result<bool, String> {
 
     let seed = options.seed.unwrap_or_else(rand::random);
     println!("seed {seed} (repeat with --seed {seed})");
-    let cases = all_cases(&mut StdRng::seed_from_u64(seed));
+    let selected = |symbol: &str| {
+        options
+            .only
+            .as_deref()
+            .is_none_or(|p| symbol.starts_with(p))
+    };
+    let mut cases = all_cases(&mut StdRng::seed_from_u64(seed));
+    cases.retain(|case| selected(&case.kernel));
 
     let mut passed = 0usize;
     let mut failed = 0usize;
     let mut without_case = Vec::new();
-    for symbol in manifest.kernel_symbols() {
+    for symbol in manifest.kernel_symbols().filter(|symbol| selected(symbol)) {
         let kernel_cases: Vec<&Case> = cases.iter().filter(|c| c.kernel == symbol).collect();
         if kernel_cases.is_empty() {
             without_case.push(symbol);
@@ -151,14 +168,16 @@ fn run() -> Result<bool, String> {
             without_case.join(", ")
         );
     }
-    match shared_memory_past_the_default(&device, &loaded, &cases) {
-        Ok(()) => {
-            passed += 1;
-            println!("PASS {OPT_IN} (a softmax case, still right)");
-        }
-        Err(error) => {
-            failed += 1;
-            println!("FAIL {OPT_IN}: {error}");
+    if options.only.is_none() {
+        match shared_memory_past_the_default(&device, &loaded, &cases) {
+            Ok(()) => {
+                passed += 1;
+                println!("PASS {OPT_IN} (a softmax case, still right)");
+            }
+            Err(error) => {
+                failed += 1;
+                println!("FAIL {OPT_IN}: {error}");
+            }
         }
     }
     println!("{passed} passed, {failed} failed");
