@@ -5,9 +5,14 @@
 //! walk of its key loop needs (read back by `llvm-objdump --mcpu=<target>`, not taken from our
 //! own metadata).
 //!
-//! With `HK_TINYGRAD` set to a tinygrad source tree, the gfx942 and gfx950 code also runs on its
-//! CDNA emulator against an f64 reference (`tests/emu/attention_emu.py`); without it that test
-//! says it skipped and passes.
+//! The backward module (`kernels/attention_backward.hip`: delta, dQ and dK/dV) likewise: built
+//! alone, no spills or scratch, LDS of its own rows' two tiles and one stage of the rows it walks
+//! (none for delta), and per walked block the MFMAs of its products, counted by the formula of
+//! its structure.
+//!
+//! With `HK_TINYGRAD` set to a tinygrad source tree, the gfx942 and gfx950 code of both modules
+//! also runs on its CDNA emulator against an f64 reference (`tests/emu/attention_emu.py`,
+//! `tests/emu/attention_backward_emu.py`); without it those tests say they skipped and pass.
 
 mod common;
 
@@ -115,6 +120,21 @@ fn instructions<'a>(body: &'a str, symbol: &str) -> Vec<Instruction<'a>> {
     out
 }
 
+/// Asserts that a backward branch after the last of `mfmas` goes to or before the first: the
+/// MFMAs lie in one loop's body (per block of the walk), emitted once.
+fn assert_in_one_loop(code: &[Instruction], mfmas: &[&Instruction], symbol: &str, target: &str) {
+    let (first, last) = (mfmas[0].offset, mfmas[mfmas.len() - 1].offset);
+    let branch =
+        |i: &Instruction| i.mnemonic.starts_with("s_branch") || i.mnemonic.starts_with("s_cbranch");
+    let in_one_loop = code
+        .iter()
+        .any(|i| branch(i) && i.offset > last && i.target.is_some_and(|t| t <= first));
+    assert!(
+        in_one_loop,
+        "{symbol} on {target}: no back edge encloses its MFMAs ({first:#x}..{last:#x})"
+    );
+}
+
 #[test]
 fn attention_fits_every_amd_target_and_uses_its_mfma() {
     let scratch = tempfile::tempdir().unwrap();
@@ -216,17 +236,7 @@ fn attention_fits_every_amd_target_and_uses_its_mfma() {
                 tiles * (KEYS / 16),
                 "{symbol} on {target}: {from_zero} MFMAs add to 0, expected one per score tile"
             );
-            let (first, last) = (mfmas[0].offset, mfmas[mfmas.len() - 1].offset);
-            let branch = |i: &Instruction| {
-                i.mnemonic.starts_with("s_branch") || i.mnemonic.starts_with("s_cbranch")
-            };
-            let in_one_loop = code
-                .iter()
-                .any(|i| branch(i) && i.offset > last && i.target.is_some_and(|t| t <= first));
-            assert!(
-                in_one_loop,
-                "{symbol} on {target}: no back edge encloses its MFMAs ({first:#x}..{last:#x})"
-            );
+            assert_in_one_loop(&code, &mfmas, symbol, target);
         }
     }
 }
@@ -248,4 +258,203 @@ fn attention_computes_on_the_cdna_emulator() {
     let text = String::from_utf8_lossy(&output.stdout);
     eprintln!("{text}{}", String::from_utf8_lossy(&output.stderr));
     assert!(output.status.success(), "attention_emu.py failed");
+}
+
+/// `(d_qk, d_v)` of the backward module's dQ and dK/dV kernels, each in bf16 and f16.
+const BACKWARD_DIMS: [(usize, usize); 4] = [(64, 64), (128, 128), (256, 256), (192, 128)];
+
+/// The symbol of a backward kernel: `attn_bwd_{which}_d{d_qk}[_dv{d_v}]_{ty}`.
+fn backward_symbol(which: &str, (d_qk, d_v): (usize, usize), ty: &str) -> String {
+    match d_qk == d_v {
+        true => format!("attn_bwd_{which}_d{d_qk}_{ty}"),
+        false => format!("attn_bwd_{which}_d{d_qk}_dv{d_v}_{ty}"),
+    }
+}
+
+/// Other rows a backward block walks at a time (`kOthers`).
+const OTHERS: usize = 32;
+
+/// Own rows of a backward block on AMD (`16 waves(d)`): 64, but 32 (2 waves) at d_qk = 256,
+/// whose tiles of 64 rows would not fit 64 KiB of LDS.
+fn block_rows(d_qk: usize) -> usize {
+    if d_qk == 256 { 32 } else { 64 }
+}
+
+/// Column parts of the gradients a block computes: dQ's halves for d_qk > 128 (`parts`); dK's
+/// and dV's quarters at 256 and halves at 192 (`DkdvShapes::kParts`).
+fn dq_parts(d_qk: usize) -> usize {
+    if d_qk > 128 { 2 } else { 1 }
+}
+fn dkdv_parts(d_qk: usize) -> usize {
+    match d_qk {
+        256 => 4,
+        d if d > 128 => 2,
+        _ => 1,
+    }
+}
+
+/// The backward module alone, built for the AMD targets into `dir`.
+fn build_attention_backward(dir: &std::path::Path) -> std::path::PathBuf {
+    let targets: Vec<&str> = TARGETS.iter().map(|t| t.0).collect();
+    build_repo_modules(dir, &["attention_backward.toml"], &targets)
+}
+
+#[test]
+fn attention_backward_fits_every_amd_target_and_uses_its_mfma() {
+    let scratch = tempfile::tempdir().unwrap();
+    let bundle = build_attention_backward(scratch.path());
+
+    // symbol -> (d_qk, d_v, kind): "delta", "dq" or "dkdv".
+    let mut kernels: Vec<(String, usize, usize, &str)> = Vec::new();
+    for ty in ["bf16", "f16"] {
+        kernels.push((format!("attn_bwd_delta_{ty}"), 0, 0, "delta"));
+        for dims in BACKWARD_DIMS {
+            for which in ["dq", "dkdv"] {
+                kernels.push((backward_symbol(which, dims, ty), dims.0, dims.1, which));
+            }
+        }
+    }
+    let find = |symbol: &str| {
+        kernels
+            .iter()
+            .find(|k| k.0 == symbol)
+            .unwrap_or_else(|| panic!("{symbol} is not a backward kernel this test knows"))
+    };
+
+    let opened = Bundle::open(&bundle).unwrap();
+    let records = opened.kernel_records().unwrap();
+    assert_eq!(records.len(), kernels.len());
+    for record in &records {
+        let &(_, d_qk, d_v, kind) = find(&record.symbol);
+        // A block's LDS (static on AMD): its own rows' two tiles (dQ: Q and dO; dK/dV: K and V)
+        // of block_rows rows, and one stage of the 32 rows it walks (dQ: K and V; dK/dV: Q and
+        // dO), 2-byte elements: the same sum for both. delta uses none.
+        let lds = match kind {
+            "delta" => 0,
+            _ => 2 * (block_rows(d_qk) + OTHERS) * (d_qk + d_v),
+        };
+        for &(target, lds_limit, ..) in &TARGETS {
+            let target: TargetId = target.parse().unwrap();
+            let abi = record
+                .targets
+                .iter()
+                .find(|abi| abi.target == target)
+                .unwrap_or_else(|| panic!("{} has no code for {target}", record.symbol));
+            assert_eq!(abi.spills, 0, "{} spills on {target}", record.symbol);
+            assert_eq!(
+                abi.private_segment_size, 0,
+                "{} needs scratch on {target}",
+                record.symbol
+            );
+            assert!(
+                (abi.group_segment_size > 0 || kind == "delta")
+                    && abi.group_segment_size <= lds_limit,
+                "{} uses {} bytes of LDS on {target}, limit {lds_limit}",
+                record.symbol,
+                abi.group_segment_size
+            );
+            assert_eq!(
+                abi.group_segment_size as usize, lds,
+                "{} on {target}: LDS other than its own tiles and one stage",
+                record.symbol
+            );
+        }
+    }
+
+    let manifest =
+        BundleManifest::from_toml(&std::fs::read_to_string(bundle.join(MANIFEST_FILE)).unwrap())
+            .unwrap();
+    let module = &manifest.modules[0];
+    for &(target, _, bf16_mfma, f16_mfma, k) in &TARGETS {
+        let text = amd_disassembly(&bundle, &module.file, target, scratch.path());
+        for (symbol, d_qk, d_v, kind) in &kernels {
+            let (symbol, d_qk, d_v, kind) = (symbol.as_str(), *d_qk, *d_v, *kind);
+            let body = function_body(&text, symbol)
+                .unwrap_or_else(|| panic!("{symbol} not in the disassembly for {target}"));
+            let want = if symbol.ends_with("_bf16") {
+                bf16_mfma
+            } else {
+                f16_mfma
+            };
+            let all_mfmas: Vec<&str> = mnemonics(body)
+                .into_iter()
+                .filter(|m| m.starts_with("v_mfma"))
+                .collect();
+            if kind == "delta" {
+                assert!(
+                    all_mfmas.is_empty(),
+                    "{symbol} on {target} has MFMAs: {all_mfmas:?}"
+                );
+                continue;
+            }
+            // Only its own element type's MFMA (nothing else, such as the other type's).
+            assert!(
+                all_mfmas.iter().all(|m| *m == want),
+                "{symbol} on {target}: MFMAs other than {want}: {all_mfmas:?}"
+            );
+            let code = instructions(body, symbol);
+            let mfmas: Vec<&Instruction> = code.iter().filter(|i| i.mnemonic == want).collect();
+            // What a wave (16 own rows) issues per block of OTHERS = 32 other rows, k the
+            // instruction's depth (16; 32 on gfx950), every product a RowScores (X = Own·Otherᵀ,
+            // (32 / 16) accumulator tiles, each depth / k MFMAs deep) or a RowSums (Y += X·M,
+            // 32 / k steps of cols / 16 MFMAs, over the block's part of the gradient columns):
+            //   S = Q·Kᵀ (dK/dV: K·Qᵀ): (32 / 16) (d_qk / k);
+            //   dP = dO·Vᵀ (dK/dV: V·dOᵀ): (32 / 16) (d_v / k);
+            //   dQ += dS·K: (d_qk / parts / 16) (32 / k), parts = 2 for d_qk > 128;
+            //   dV += Pᵀ·dO and dK += dSᵀ·Q: (d_v / parts / 16) (32 / k) + (d_qk / parts / 16)
+            //   (32 / k), parts = 4 at d_qk = 256, 2 at 192.
+            // The compiler unrolls every product and emits the walk's loop body once (neither
+            // duplicated nor peeled), so the counts match exactly on every kernel and target
+            // (read from the disassembly: gfx90a and gfx942, then gfx950, dQ / dK,dV: d = 64,
+            // 24 / 32 and 12 / 16; d = 128, 48 / 64 and 24 / 32; d = 256, 80 / 80 and 40 / 40;
+            // d = 192/128, 52 / 60 and 26 / 30). The MFMAs that start a chain from the inline
+            // constant 0 are the two products' first steps: S's 2 tiles and dP's 2 (x.zero());
+            // no gradient's, which carry over the blocks.
+            let scores = (OTHERS / 16) * (d_qk / k) + (OTHERS / 16) * (d_v / k);
+            let sums = match kind {
+                "dq" => (d_qk / dq_parts(d_qk) / 16) * (OTHERS / k),
+                _ => {
+                    let parts = dkdv_parts(d_qk);
+                    (d_v / parts / 16) * (OTHERS / k) + (d_qk / parts / 16) * (OTHERS / k)
+                }
+            };
+            assert_eq!(
+                mfmas.len(),
+                scores + sums,
+                "{symbol} on {target}: {} x {want}, expected {scores} (S and dP) + {sums} \
+                 (gradients)",
+                mfmas.len()
+            );
+            let from_zero = mfmas
+                .iter()
+                .filter(|i| i.operands.rsplit(',').next().map(str::trim) == Some("0"))
+                .count();
+            assert_eq!(
+                from_zero,
+                2 * (OTHERS / 16),
+                "{symbol} on {target}: {from_zero} MFMAs add to 0, expected one per tile of S \
+                 and of dP"
+            );
+            assert_in_one_loop(&code, &mfmas, symbol, target);
+        }
+    }
+}
+
+#[test]
+fn attention_backward_computes_on_the_cdna_emulator() {
+    let Some(tree) = std::env::var_os("HK_TINYGRAD") else {
+        eprintln!("skipped: set HK_TINYGRAD to a tinygrad source tree to run the CDNA emulator");
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let bundle = build_attention_backward(scratch.path());
+    let output = Command::new(python())
+        .arg(repo().join("tests/emu/attention_backward_emu.py"))
+        .arg(&bundle)
+        .env("HK_TINYGRAD", tree)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "attention_backward_emu.py failed");
 }
