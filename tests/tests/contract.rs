@@ -947,14 +947,15 @@ fn every_attention_backward_requirement_is_enforced_on_both_sides_of_its_boundar
             &device,
             ([1, 8, 2], 128, 81920),
         ),
+        // dK/dV's stages carry their queries' LSE and delta too (256 bytes a stage).
         (
             "attn_bwd_dkdv_d192_dv128_f16",
             &device,
-            ([1, 4, 2], 128, 81920),
+            ([1, 4, 2], 128, 82432),
         ),
-        ("attn_bwd_dkdv_d64_bf16", &device, ([1, 2, 2], 128, 32768)),
+        ("attn_bwd_dkdv_d64_bf16", &device, ([1, 2, 2], 128, 33280)),
         ("attn_bwd_dkdv_d64_bf16", &amd, ([1, 2, 2], 256, 0)),
-        ("attn_bwd_dkdv_d256_bf16", &device, ([1, 8, 2], 128, 131072)),
+        ("attn_bwd_dkdv_d256_bf16", &device, ([1, 8, 2], 128, 131584)),
         ("attn_bwd_dq_d256_f16", &amd, ([1, 8, 2], 128, 0)),
     ] {
         let dims = shape(&bundle, device, symbol, &values, 1 << 22);
