@@ -76,31 +76,6 @@ template <typename T, unsigned kD, unsigned kDv> struct Forward {
   };
 };
 
-// The forward pass's copies of a block of keys: K's and V's rows.
-template <class F, typename T> struct KeyCopies {
-  using Stage = typename F::Stage;
-  const T *k, *v;
-  unsigned keys, ldk, ldv;
-  bool vector;
-#if HK_NVIDIA
-  HK_DEVICE void copy(unsigned block, Stage& to) const {
-    hk::tile::copy_panels<F::kThreads>(to.k, k, keys, ldk, block * F::kKeys, vector);
-    hk::tile::copy_panels<F::kThreads>(to.v, v, keys, ldv, block * F::kKeys, vector);
-  }
-#else
-  hk::tile::StagedPanels<decltype(Stage::k), F::kThreads> next_k;
-  hk::tile::StagedPanels<decltype(Stage::v), F::kThreads> next_v;
-  HK_DEVICE void fetch(unsigned block) {
-    next_k.fetch(k, keys, ldk, block * F::kKeys, vector);
-    next_v.fetch(v, keys, ldv, block * F::kKeys, vector);
-  }
-  HK_DEVICE void store(Stage& to) const {
-    next_k.store(to.k);
-    next_v.store(to.v);
-  }
-#endif
-};
-
 template <typename T, unsigned kD, unsigned kDv>
 HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, const T* __restrict__ q,
                                  const T* __restrict__ k, const T* __restrict__ v, const Params& p) {
@@ -166,7 +141,7 @@ HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, con
     if (kb_first < kb_last) {
       // Q's block lands with the first block of keys (NVIDIA), or now (AMD).
       hk::tile::copy_panels<F::kThreads>(shared.q, qd, qs.count, p.ldq, q0, vector);
-      KeyCopies<F, T> copies{kd, vd, ks.count, p.ldk, p.ldv, vector};
+      hk::tile::KeyValueCopies<typename F::Stage, F::kThreads, T> copies{kd, vd, ks.count, p.ldk, p.ldv, vector};
       hk::tile::walk_blocks(shared.stage, kb_first, kb_last, vector, copies, multiply);
     }
 

@@ -122,29 +122,6 @@ template <typename T, unsigned kD, unsigned kDv> struct DqShapes {
   };
 };
 
-template <class Stage, unsigned kThreads, typename T> struct KeyCopies {
-  const T *k, *v;
-  unsigned keys, ldk, ldv;
-  bool vector;
-#if HK_NVIDIA
-  HK_DEVICE void copy(unsigned block, Stage& to) const {
-    hk::tile::copy_panels<kThreads>(to.k, k, keys, ldk, block * kOthers, vector);
-    hk::tile::copy_panels<kThreads>(to.v, v, keys, ldv, block * kOthers, vector);
-  }
-#else
-  hk::tile::StagedPanels<decltype(Stage::k), kThreads> next_k;
-  hk::tile::StagedPanels<decltype(Stage::v), kThreads> next_v;
-  HK_DEVICE void fetch(unsigned block) {
-    next_k.fetch(k, keys, ldk, block * kOthers, vector);
-    next_v.fetch(v, keys, ldv, block * kOthers, vector);
-  }
-  HK_DEVICE void store(Stage& to) const {
-    next_k.store(to.k);
-    next_v.store(to.v);
-  }
-#endif
-};
-
 template <typename T, unsigned kD, unsigned kDv>
 HK_DEVICE void attention_dq(T* __restrict__ dq, unsigned lddq, const T* __restrict__ q,
                             const T* __restrict__ k, const T* __restrict__ v,
@@ -217,7 +194,7 @@ HK_DEVICE void attention_dq(T* __restrict__ dq, unsigned lddq, const T* __restri
     if (kb_first < kb_last) {
       hk::tile::copy_panels<kThreads>(shared.q, qd, qs.count, p.ldq, q0, vector);
       hk::tile::copy_panels<kThreads>(shared.d_o, dod, qs.count, p.lddo, q0, vector);
-      KeyCopies<typename S::Stage, kThreads, T> copies{kd, vd, ks.count, p.ldk, p.ldv, vector};
+      hk::tile::KeyValueCopies<typename S::Stage, kThreads, T> copies{kd, vd, ks.count, p.ldk, p.ldv, vector};
       hk::tile::walk_blocks(shared.stage, kb_first, kb_last, vector, copies, multiply);
     }
     hk::tile::store_rows(grad, dq + (q_first + wq) * lddq + h * kD + part * kPartD, lddq, q1 - wq,

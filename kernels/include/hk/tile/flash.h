@@ -176,6 +176,33 @@ HK_DEVICE void walk_blocks(Stage* stage, unsigned first, unsigned last, bool vec
 #endif
 }
 
+// The copies of a block of key rows into a stage holding tiles `k` and `v` (whose rows are a
+// block's), for walk_blocks: K's and V's rows of one key head (k and v at the sequence's first
+// key, rows ldk and ldv apart).
+template <class Stage, unsigned kThreads, typename T> struct KeyValueCopies {
+  static constexpr unsigned kRows = decltype(Stage::k)::kRows;
+  const T *k, *v;
+  unsigned keys, ldk, ldv;
+  bool vector;
+#if HK_NVIDIA
+  HK_DEVICE void copy(unsigned block, Stage& to) const {
+    copy_panels<kThreads>(to.k, k, keys, ldk, block * kRows, vector);
+    copy_panels<kThreads>(to.v, v, keys, ldv, block * kRows, vector);
+  }
+#else
+  StagedPanels<decltype(Stage::k), kThreads> next_k;
+  StagedPanels<decltype(Stage::v), kThreads> next_v;
+  HK_DEVICE void fetch(unsigned block) {
+    next_k.fetch(k, keys, ldk, block * kRows, vector);
+    next_v.fetch(v, keys, ldv, block * kRows, vector);
+  }
+  HK_DEVICE void store(Stage& to) const {
+    next_k.store(to.k);
+    next_v.store(to.v);
+  }
+#endif
+};
+
 // Stores a RowSums' values into rows of a global matrix (own row r at out + r * ld, column c
 // at + c), rows at and past `rows` left alone, as T: a 4- or 8-byte store a run where `vector`
 // (out 16-byte aligned, ld a multiple of 8), element by element otherwise. scale multiplies
@@ -228,6 +255,26 @@ template <unsigned kOwnTiles> struct OwnRows {
     return op(x, wave_shfl_xor(x, 32));
   }
 #endif
+
+  // Calls f(i, j, v, slot, own, other) for accumulator element v of block [i][j] of an
+  // Accumulators laid out as RowScores and RowSums keep them ([own][other] on NVIDIA,
+  // transposed on AMD), every kStep-th element; own relative to the wave's first row.
+  template <class Acc, unsigned kStep = 1, typename F> static HK_DEVICE void each(F f) {
+    using Atom = typename Acc::Atom;
+#pragma unroll
+    for (unsigned i = 0; i < Acc::kTilesM; ++i)
+#pragma unroll
+      for (unsigned j = 0; j < Acc::kTilesN; ++j)
+#pragma unroll
+        for (unsigned v = 0; v < Atom::C::kSize; v += kStep) {
+          const unsigned row = i * 16 + Atom::row(v), col = j * 16 + Atom::col(v);
+#if HK_NVIDIA
+          f(i, j, v, slot(i, v), row, col);
+#else
+          f(i, j, v, slot(j, v), col, row);
+#endif
+        }
+  }
 };
 
 // X = Own·Otherᵀ for a wave's 16 kOwnTiles own rows and a block of kOthers other rows (see the
@@ -266,37 +313,18 @@ template <typename T, unsigned kOwnTiles, unsigned kOthers> struct RowScores : O
   // wave's first row and other to the block's. (By value: AMD's accumulators are vectors, whose
   // elements bind to no reference.)
   template <typename F> HK_DEVICE void map(F f) {
-#pragma unroll
-    for (unsigned i = 0; i < decltype(x)::kTilesM; ++i)
-#pragma unroll
-      for (unsigned j = 0; j < decltype(x)::kTilesN; ++j)
-#pragma unroll
-        for (unsigned v = 0; v < Atom::C::kSize; ++v) {
-          const unsigned row = i * 16 + Atom::row(v), col = j * 16 + Atom::col(v);
-#if HK_NVIDIA
-          x.tile[i][j].v[v] = f(Rows::slot(i, v), row, col, x.tile[i][j].v[v]);
-#else
-          x.tile[i][j].v[v] = f(Rows::slot(j, v), col, row, x.tile[i][j].v[v]);
-#endif
-        }
+    Rows::template each<decltype(x)>([&](unsigned i, unsigned j, unsigned v, unsigned slot, unsigned own,
+                                         unsigned other) HK_INLINE {
+      x.tile[i][j].v[v] = f(slot, own, other, x.tile[i][j].v[v]);
+    });
   }
 
   // Replaces each value v with f(slot, own, other, v, w), w the value at the same place of b.
   template <typename F> HK_DEVICE void map_with(const RowScores& b, F f) {
-#pragma unroll
-    for (unsigned i = 0; i < decltype(x)::kTilesM; ++i)
-#pragma unroll
-      for (unsigned j = 0; j < decltype(x)::kTilesN; ++j)
-#pragma unroll
-        for (unsigned v = 0; v < Atom::C::kSize; ++v) {
-          const unsigned row = i * 16 + Atom::row(v), col = j * 16 + Atom::col(v);
-          const float w = b.x.tile[i][j].v[v];
-#if HK_NVIDIA
-          x.tile[i][j].v[v] = f(Rows::slot(i, v), row, col, x.tile[i][j].v[v], w);
-#else
-          x.tile[i][j].v[v] = f(Rows::slot(j, v), col, row, x.tile[i][j].v[v], w);
-#endif
-        }
+    Rows::template each<decltype(x)>([&](unsigned i, unsigned j, unsigned v, unsigned slot, unsigned own,
+                                         unsigned other) HK_INLINE {
+      x.tile[i][j].v[v] = f(slot, own, other, x.tile[i][j].v[v], b.x.tile[i][j].v[v]);
+    });
   }
 };
 
@@ -364,19 +392,10 @@ template <typename T, unsigned kOwnTiles, unsigned kCols> struct RowSums : OwnRo
 
   // Replaces each of the lane's values v with f(slot, own, column, v).
   template <typename F> HK_DEVICE void map(F f) {
-#pragma unroll
-    for (unsigned i = 0; i < decltype(y)::kTilesM; ++i)
-#pragma unroll
-      for (unsigned j = 0; j < decltype(y)::kTilesN; ++j)
-#pragma unroll
-        for (unsigned v = 0; v < Atom::C::kSize; ++v) {
-          const unsigned row = i * 16 + Atom::row(v), col = j * 16 + Atom::col(v);
-#if HK_NVIDIA
-          y.tile[i][j].v[v] = f(Rows::slot(i, v), row, col, y.tile[i][j].v[v]);
-#else
-          y.tile[i][j].v[v] = f(Rows::slot(j, v), col, row, y.tile[i][j].v[v]);
-#endif
-        }
+    Rows::template each<decltype(y)>([&](unsigned i, unsigned j, unsigned v, unsigned slot, unsigned own,
+                                         unsigned column) HK_INLINE {
+      y.tile[i][j].v[v] = f(slot, own, column, y.tile[i][j].v[v]);
+    });
   }
 
   // Calls f(slot, own, column, run) for each run of kRun values of the lane that are neighbours
@@ -384,21 +403,13 @@ template <typename T, unsigned kOwnTiles, unsigned kCols> struct RowSums : OwnRo
   // accumulator pairs, AMD's four rows of a transposed block.
   static constexpr unsigned kRun = HK_NVIDIA ? 2 : 4;
   template <typename F> HK_DEVICE void for_each_run(F f) const {
+    Rows::template each<decltype(y), kRun>([&](unsigned i, unsigned j, unsigned v, unsigned slot,
+                                               unsigned own, unsigned column) HK_INLINE {
+      float run[kRun];
 #pragma unroll
-    for (unsigned i = 0; i < decltype(y)::kTilesM; ++i)
-#pragma unroll
-      for (unsigned j = 0; j < decltype(y)::kTilesN; ++j)
-#pragma unroll
-        for (unsigned v = 0; v < Atom::C::kSize; v += kRun) {
-          float run[kRun];
-#pragma unroll
-          for (unsigned e = 0; e < kRun; ++e) run[e] = y.tile[i][j].v[v + e];
-#if HK_NVIDIA
-          f(Rows::slot(i, v), i * 16 + Atom::row(v), j * 16 + Atom::col(v), run);
-#else
-          f(Rows::slot(j, v), j * 16 + Atom::col(v), i * 16 + Atom::row(v), run);
-#endif
-        }
+      for (unsigned e = 0; e < kRun; ++e) run[e] = y.tile[i][j].v[v + e];
+      f(slot, own, column, run);
+    });
   }
 
  private:
