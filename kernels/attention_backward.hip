@@ -409,12 +409,16 @@ HK_DEVICE void attention_dkdv(T* __restrict__ dk, T* __restrict__ dv, unsigned l
       unsigned ld_lse, float scale, float softcap, unsigned causal, int window_left,           \
       int window_right
 
-// SHARED: the contract's dynamic shared memory on NVIDIA (manifests/attention_backward.toml).
-#define HK_ATTN_BWD(suffix, T, D, DV, DQ_SHARED, DKDV_SHARED)                                   \
+// What manifests/attention_backward.toml's contracts say of each pair, checked here: SHARED,
+// the dynamic shared memory on NVIDIA; ROWS, the block's own rows (its block_rows); PARTS, the
+// column parts grid y counts per head.
+#define HK_ATTN_BWD(suffix, T, D, DV, DQ_SHARED, DKDV_SHARED, ROWS, DQ_PARTS, DKDV_PARTS)                                   \
   HK_KERNEL HK_LAUNCH_BOUNDS(threads(D)) void attn_bwd_dq_##suffix(                              \
       T* dq, const T* q, const T* k, const T* v, const T* d_o, unsigned lddq, HK_COMMON_ARGS) { \
     static_assert(HK_AMD || sizeof(DqShapes<T, D, DV>::Shared) <= DQ_SHARED,                  \
                   "manifests/attention_backward.toml gives less shared memory than this uses"); \
+    static_assert(DqShapes<T, D, DV>::kOwn == (ROWS) && parts(D) == (DQ_PARTS),                \
+                  "manifests/attention_backward.toml's grid counts other rows or parts");       \
     (void)batch;                                                                               \
     (void)max_seqlen;                                                                          \
     attention_dq<T, D, DV>(dq, lddq, q, k, v, d_o, HK_PARAMS);                                 \
@@ -424,6 +428,8 @@ HK_DEVICE void attention_dkdv(T* __restrict__ dk, T* __restrict__ dv, unsigned l
       unsigned lddv, HK_COMMON_ARGS) {                                                         \
     static_assert(HK_AMD || sizeof(DkdvShapes<T, D, DV>::Shared) <= DKDV_SHARED,              \
                   "manifests/attention_backward.toml gives less shared memory than this uses"); \
+    static_assert(DkdvShapes<T, D, DV>::kOwn == (ROWS) && DkdvShapes<T, D, DV>::kParts == (DKDV_PARTS), \
+                  "manifests/attention_backward.toml's grid counts other rows or parts");       \
     (void)batch;                                                                               \
     (void)max_seqlen;                                                                          \
     attention_dkdv<T, D, DV>(dk, dv, lddk, lddv, q, k, v, d_o, HK_PARAMS);                     \
@@ -431,11 +437,11 @@ HK_DEVICE void attention_dkdv(T* __restrict__ dk, T* __restrict__ dv, unsigned l
 
 HK_ATTN_BWD_DELTA(attn_bwd_delta_bf16, hk::bf16)
 HK_ATTN_BWD_DELTA(attn_bwd_delta_f16, hk::f16)
-HK_ATTN_BWD(d64_bf16, hk::bf16, 64, 64, 32768, 33280)
-HK_ATTN_BWD(d128_bf16, hk::bf16, 128, 128, 65536, 66048)
-HK_ATTN_BWD(d256_bf16, hk::bf16, 256, 256, 131072, 131584)
-HK_ATTN_BWD(d192_dv128_bf16, hk::bf16, 192, 128, 81920, 82432)
-HK_ATTN_BWD(d64_f16, hk::f16, 64, 64, 32768, 33280)
-HK_ATTN_BWD(d128_f16, hk::f16, 128, 128, 65536, 66048)
-HK_ATTN_BWD(d256_f16, hk::f16, 256, 256, 131072, 131584)
-HK_ATTN_BWD(d192_dv128_f16, hk::f16, 192, 128, 81920, 82432)
+HK_ATTN_BWD(d64_bf16, hk::bf16, 64, 64, 32768, 33280, 64, 1, 1)
+HK_ATTN_BWD(d128_bf16, hk::bf16, 128, 128, 65536, 66048, 64, 1, 1)
+HK_ATTN_BWD(d256_bf16, hk::bf16, 256, 256, 131072, 131584, HK_AMD ? 32 : 64, 2, 4)
+HK_ATTN_BWD(d192_dv128_bf16, hk::bf16, 192, 128, 81920, 82432, 64, 2, 2)
+HK_ATTN_BWD(d64_f16, hk::f16, 64, 64, 32768, 33280, 64, 1, 1)
+HK_ATTN_BWD(d128_f16, hk::f16, 128, 128, 65536, 66048, 64, 1, 1)
+HK_ATTN_BWD(d256_f16, hk::f16, 256, 256, 131072, 131584, HK_AMD ? 32 : 64, 2, 4)
+HK_ATTN_BWD(d192_dv128_f16, hk::f16, 192, 128, 81920, 82432, 64, 2, 2)
