@@ -120,26 +120,49 @@ pub fn attend(
     (out, lse)
 }
 
-/// One call: sequences of `(queries, keys)`, heads, head dims, options and layout.
+/// One call: sequences of `(queries, keys)`, heads, head dims, options and layout (the
+/// forward and backward cases' alike).
 #[derive(Debug, Clone)]
-struct Shape {
-    ty: ScalarType,
-    d: usize,
-    dv: usize,
-    seqs: Vec<(usize, usize)>,
-    heads_q: usize,
-    heads_kv: usize,
-    mask: Mask,
-    softcap: Option<f64>,
+pub(super) struct Shape {
+    pub ty: ScalarType,
+    pub d: usize,
+    pub dv: usize,
+    pub seqs: Vec<(usize, usize)>,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub mask: Mask,
+    pub softcap: Option<f64>,
     /// Q's values are drawn from ±spread (K's and V's from ±1): larger logits, peakier rows.
-    spread: f64,
+    pub spread: f64,
     /// Elements added to every row stride (odd: rows not 16-byte aligned, the element path).
-    pad: usize,
+    pub pad: usize,
     /// Blocks along x instead of the contract's (they stride over a sequence's query blocks).
-    grid_x: Option<u32>,
+    pub grid_x: Option<u32>,
 }
 
-fn shape(
+impl Shape {
+    /// The sequences' first rows, `cu_seqlens_q` and `cu_seqlens_k` (batch + 1 each).
+    pub fn offsets(&self) -> (Vec<usize>, Vec<usize>) {
+        let mut cu_q = vec![0usize];
+        let mut cu_k = vec![0usize];
+        for &(sq, sk) in &self.seqs {
+            cu_q.push(cu_q.last().unwrap() + sq);
+            cu_k.push(cu_k.last().unwrap() + sk);
+        }
+        (cu_q, cu_k)
+    }
+
+    /// The kernels' name for its head shape and type: `d128_bf16`, `d192_dv128_f16`.
+    pub fn suffix(&self) -> String {
+        let (d, dv, ty) = (self.d, self.dv, self.ty.name());
+        match d == dv {
+            true => format!("d{d}_{ty}"),
+            false => format!("d{d}_dv{dv}_{ty}"),
+        }
+    }
+}
+
+pub(super) fn shape(
     ty: ScalarType,
     (d, dv): (usize, usize),
     seqs: &[(usize, usize)],
@@ -160,11 +183,11 @@ fn shape(
     }
 }
 
-fn same(lengths: &[usize]) -> Vec<(usize, usize)> {
+pub(super) fn same(lengths: &[usize]) -> Vec<(usize, usize)> {
     lengths.iter().map(|&n| (n, n)).collect()
 }
 
-const DIMS: [(usize, usize); 4] = [(64, 64), (128, 128), (256, 256), (192, 128)];
+pub(super) const DIMS: [(usize, usize); 4] = [(64, 64), (128, 128), (256, 256), (192, 128)];
 use ScalarType::{Bf16, F16};
 
 /// The cases: every kernel at mixed lengths 1 to 4097 (the longest with few heads, as the f64
@@ -270,13 +293,6 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
     shapes().into_iter().map(|s| case(s, rng)).collect()
 }
 
-fn kernel_name(ty: ScalarType, d: usize, dv: usize) -> String {
-    match d == dv {
-        true => format!("attn_fwd_d{d}_{}", ty.name()),
-        false => format!("attn_fwd_d{d}_dv{dv}_{}", ty.name()),
-    }
-}
-
 fn case(s: Shape, rng: &mut impl Rng) -> Case {
     let Shape {
         ty,
@@ -290,12 +306,7 @@ fn case(s: Shape, rng: &mut impl Rng) -> Case {
         pad,
         ..
     } = s;
-    let mut cu_q = vec![0usize];
-    let mut cu_k = vec![0usize];
-    for &(sq, sk) in &s.seqs {
-        cu_q.push(cu_q.last().unwrap() + sq);
-        cu_k.push(cu_k.last().unwrap() + sk);
-    }
+    let (cu_q, cu_k) = s.offsets();
     // A batch whose every sequence is empty still passes one row of each.
     let total_q = (*cu_q.last().unwrap()).max(1);
     let total_k = (*cu_k.last().unwrap()).max(1);
@@ -377,7 +388,7 @@ fn case(s: Shape, rng: &mut impl Rng) -> Case {
         })
         .collect();
     Case {
-        kernel: kernel_name(ty, d, dv),
+        kernel: format!("attn_fwd_{}", s.suffix()),
         label: format!(
             "seqs=[{}] heads={heads_q}/{heads_kv} {mask:?} softcap={softcap:?} spread={spread} pad={pad}{}",
             seqs.join(","),

@@ -13,44 +13,9 @@
 use hkload::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
-use super::attention::{Mask, Packed, Scoring, parallel_map};
+use super::attention::{DIMS, Mask, Packed, Scoring, Shape, parallel_map, same, shape};
 use crate::case::{Case, CaseArg, Expect};
 use crate::host::{epsilon, random_rounded, round_to};
-
-/// One call's shape and options (as the forward pass's cases).
-#[derive(Debug, Clone)]
-struct Shape {
-    ty: ScalarType,
-    d: usize,
-    dv: usize,
-    seqs: Vec<(usize, usize)>,
-    heads_q: usize,
-    heads_kv: usize,
-    mask: Mask,
-    softcap: Option<f64>,
-    spread: f64,
-    pad: usize,
-}
-
-fn shape(
-    ty: ScalarType,
-    (d, dv): (usize, usize),
-    seqs: &[(usize, usize)],
-    heads: (usize, usize),
-) -> Shape {
-    Shape {
-        ty,
-        d,
-        dv,
-        seqs: seqs.to_vec(),
-        heads_q: heads.0,
-        heads_kv: heads.1,
-        mask: Mask::NONE,
-        softcap: None,
-        spread: 1.0,
-        pad: 8,
-    }
-}
 
 use ScalarType::{Bf16, F16};
 
@@ -59,14 +24,11 @@ use ScalarType::{Bf16, F16};
 /// unaligned rows. Shorter than the forward pass's: the reference walks every pair of a
 /// sequence three times.
 fn shapes() -> Vec<Shape> {
-    let mixed: Vec<(usize, usize)> = [1, 7, 100, 300].iter().map(|&n| (n, n)).collect();
+    let mixed = same(&[1, 7, 100, 300]);
     let chunked = [(1, 200), (7, 90), (70, 200), (100, 40), (0, 20), (20, 0)];
     let mut shapes = Vec::new();
     for ty in [Bf16, F16] {
-        for (i, dims) in [(64, 64), (128, 128), (256, 256), (192, 128)]
-            .into_iter()
-            .enumerate()
-        {
+        for (i, dims) in DIMS.into_iter().enumerate() {
             let mut s = shape(ty, dims, &mixed, (8, 2));
             match i {
                 0 => s.mask = Mask::CAUSAL,
@@ -133,13 +95,6 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
         .into_iter()
         .flat_map(|s| problem_cases(&s, rng))
         .collect()
-}
-
-fn suffix(ty: ScalarType, d: usize, dv: usize) -> String {
-    match d == dv {
-        true => format!("d{d}_{}", ty.name()),
-        false => format!("d{d}_dv{dv}_{}", ty.name()),
-    }
 }
 
 /// A gradient and its error bound, element by element.
@@ -242,12 +197,7 @@ fn head_grads(
 fn problem_cases(s: &Shape, rng: &mut impl Rng) -> Vec<Case> {
     let (ty, d, dv, pad) = (s.ty, s.d, s.dv, s.pad);
     let (heads_q, heads_kv) = (s.heads_q, s.heads_kv);
-    let mut cu_q = vec![0usize];
-    let mut cu_k = vec![0usize];
-    for &(sq, sk) in &s.seqs {
-        cu_q.push(cu_q.last().unwrap() + sq);
-        cu_k.push(cu_k.last().unwrap() + sk);
-    }
+    let (cu_q, cu_k) = s.offsets();
     let total_q = (*cu_q.last().unwrap()).max(1);
     let total_k = (*cu_k.last().unwrap()).max(1);
     let (ldq, ldk, ldv, lddo) = (
@@ -476,13 +426,13 @@ fn problem_cases(s: &Shape, rng: &mut impl Rng) -> Vec<Case> {
     vec![
         delta_case,
         Case {
-            kernel: format!("attn_bwd_dq_{}", suffix(ty, d, dv)),
+            kernel: format!("attn_bwd_dq_{}", s.suffix()),
             label: label.clone(),
             args: dq_args,
             grid: [None, None, None],
         },
         Case {
-            kernel: format!("attn_bwd_dkdv_{}", suffix(ty, d, dv)),
+            kernel: format!("attn_bwd_dkdv_{}", s.suffix()),
             label,
             args: dkdv_args,
             grid: [None, None, None],
