@@ -16,7 +16,8 @@ Speed: TFLOP/s at batch x sequence = 16k tokens, sequence 1k-16k, heads 32 (GQA 
 dims 64 and 128, causal and not (causal counts half the products, as FlashAttention does); the
 forward pass alone, then forward + backward through hkload.torch's differentiable op.
 
-usage: attention_bench.py BUNDLE [--check-only | --bench-only]   (hkload on PYTHONPATH)
+usage: attention_bench.py BUNDLE [--check-only | --bench-only] [--forward-only]
+       (hkload on PYTHONPATH; --forward-only leaves out forward + backward)
 """
 
 from __future__ import annotations
@@ -211,7 +212,8 @@ def main():
         ok = check(att)
     if "--check-only" not in args:
         bench(att)
-        bench_training(args[0])
+        if "--forward-only" not in args:
+            bench_training(args[0])
     sys.exit(0 if ok else 1)
 
 

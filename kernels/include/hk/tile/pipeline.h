@@ -73,11 +73,18 @@ class Mbarrier {
   unsigned long long word_;
 };
 
+// Makes barriers this thread initialised visible to the block's other threads (and the async
+// proxy) before they use them: once, after the inits, followed by a block barrier.
+HK_DEVICE void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
 // Orders this thread's generic-proxy shared-memory writes (stores, cp.async) before later
 // async-proxy reads (wgmma) that a barrier lets another thread make.
 HK_DEVICE void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-template <class Stage, unsigned kStages_, unsigned kConsumers_> struct Ring {
+template <class Stage, unsigned kStages_, unsigned kConsumers_, unsigned kProducerRegisters_ = 40>
+struct Ring {
   static constexpr unsigned kStages = kStages_, kConsumers = kConsumers_;
   static constexpr unsigned kThreads = (1 + kConsumers) * kWarpgroupThreads;
   // wgmma's 128-byte swizzle works on address bits, so each stage starts on 1024 bytes.
@@ -87,7 +94,7 @@ template <class Stage, unsigned kStages_, unsigned kConsumers_> struct Ring {
   Mbarrier full[kStages], empty[kStages];
   // Registers a producer thread keeps (its copies' addresses), and what a consumer thread may
   // then take: the rest of an SM's 65536, in setmaxnreg's steps of 8, at most 256.
-  static constexpr unsigned kProducerRegisters = 40;
+  static constexpr unsigned kProducerRegisters = kProducerRegisters_;
   static constexpr unsigned kConsumerRegisters =
       (65536 / kWarpgroupThreads - kProducerRegisters) / kConsumers / 8 * 8 > 256
           ? 256
@@ -95,19 +102,30 @@ template <class Stage, unsigned kStages_, unsigned kConsumers_> struct Ring {
   // The dynamic shared memory a kernel's contract must give: the ring, and slack to align it.
   static constexpr unsigned kSharedBytes = sizeof(Stage) * kStages + 2 * kStages * 8 + kAlign;
 
-  // The ring, in the launch's dynamic shared memory (aligned here: the launch promises 16).
-  static HK_DEVICE Ring& in_dynamic_shared() {
-    extern __shared__ __attribute__((aligned(16))) unsigned char ring_shared[];
-    const unsigned at = wgmma::detail::shared_address(ring_shared);
-    return *reinterpret_cast<Ring*>(ring_shared + (kAlign - at % kAlign) % kAlign);
-  }
+  // The ring, in the launch's dynamic shared memory.
+  static HK_DEVICE Ring& in_dynamic_shared();
 };
 
-namespace detail {
-// A position in the ring: the stage of a step and the parity of the phase its barriers are in,
+// A kernel's shared state S (tiles wgmma reads first in it), at the first 1024-byte boundary of
+// the launch's dynamic shared memory (which the launch aligns to 16 only): the contract gives
+// sizeof(S) + 1024.
+template <class S> HK_DEVICE S& aligned_dynamic_shared() {
+  extern __shared__ __attribute__((aligned(16))) unsigned char pipeline_shared[];
+  constexpr unsigned kAlign = 1024;
+  const unsigned at = wgmma::detail::shared_address(pipeline_shared);
+  return *reinterpret_cast<S*>(pipeline_shared + (kAlign - at % kAlign) % kAlign);
+}
+
+template <class Stage, unsigned kStages_, unsigned kConsumers_, unsigned kProducerRegisters_>
+HK_DEVICE Ring<Stage, kStages_, kConsumers_, kProducerRegisters_>&
+Ring<Stage, kStages_, kConsumers_, kProducerRegisters_>::in_dynamic_shared() {
+  return aligned_dynamic_shared<Ring>();
+}
+
+// A position in a ring: the stage of a step and the parity of the phase its barriers are in,
 // advanced step by step (i % kStages and i / kStages for a ring of 6 cost the producer registers
 // it does not have).
-template <unsigned kStages> struct Cursor {
+template <unsigned kStages> struct StageCursor {
   unsigned slot = 0, phase = 0;
   HK_DEVICE void advance() {
     if (++slot == kStages) {
@@ -117,13 +135,16 @@ template <unsigned kStages> struct Cursor {
   }
 };
 
-template <unsigned kRegisters> HK_DEVICE void fewer_registers() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+// The register split of a warp-specialised block (see the header): the producer warpgroup
+// gives registers back, the consumers take them. Each warpgroup calls its own, once, first.
+template <class RingT> HK_DEVICE void as_producer() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(RingT::kProducerRegisters));
 }
-template <unsigned kRegisters> HK_DEVICE void more_registers() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+template <class RingT> HK_DEVICE void as_consumer() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(RingT::kConsumerRegisters));
 }
 
+namespace detail {
 // The producer: step i into stage i % kStages once the consumers emptied it. With cp.async
 // (kAsync) a step's copies are awaited kLag steps later, so kLag + 1 steps' copies are in
 // flight; ordinary loads have landed when load() returns. kLag is kStages - 2 at most: a
@@ -134,7 +155,7 @@ template <unsigned kRegisters> HK_DEVICE void more_registers() {
 template <bool kAsync, class RingT, class Program>
 HK_DEVICE void produce(RingT& ring, Program& program, unsigned steps, unsigned thread) {
   constexpr unsigned kLag = kAsync ? RingT::kStages - 2 : 0;
-  Cursor<RingT::kStages> write, done;  // the step being copied, the next one to publish
+  StageCursor<RingT::kStages> write, done;  // the step being copied, the next one to publish
   const auto publish = [&]() HK_INLINE {
     ring.full[done.slot].arrive();
     done.advance();
@@ -167,7 +188,7 @@ HK_DEVICE void produce(RingT& ring, Program& program, unsigned steps, unsigned t
 template <class RingT, class Program>
 HK_DEVICE void consume(RingT& ring, Program& program, unsigned steps, unsigned consumer) {
   const bool leader = thread_idx_x() % kWarpgroupThreads == 0;
-  Cursor<RingT::kStages> read;
+  StageCursor<RingT::kStages> read;
   unsigned previous = 0;  // the stage of step i - 1
   for (unsigned i = 0; i < steps; ++i, read.advance()) {
     ring.full[read.slot].wait(read.phase);
@@ -193,18 +214,18 @@ template <class RingT, class Program> HK_DEVICE void run_pipeline(Program& progr
       ring.full[s].init(kWarpgroupThreads);
       ring.empty[s].init(RingT::kConsumers);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_barrier_init();
   }
   block_sync();
   const unsigned role = thread / kWarpgroupThreads;
   if (role == 0) {
-    detail::fewer_registers<RingT::kProducerRegisters>();
+    as_producer<RingT>();
     if (program.async_rows())
       detail::produce<true>(ring, program, steps, thread);
     else
       detail::produce<false>(ring, program, steps, thread);
   } else {
-    detail::more_registers<RingT::kConsumerRegisters>();
+    as_consumer<RingT>();
     detail::consume(ring, program, steps, role - 1);
     program.finish(role - 1);
   }

@@ -20,6 +20,8 @@
 //   hk/tile/wgmma.h     Hopper's warpgroup matrix instruction over swizzled shared tiles
 //   hk/tile/pipeline.h  the warp-specialised stage ring (producer and consumer warpgroups,
 //                       mbarriers) and WgmmaNt, the load and multiply hooks of C = A·Bᵀ
+//   hk/tile/flash_wgmma.h  attention's consumer warpgroup: S = Q·Kᵀ, online softmax and
+//                       O += P·V with P in registers
 #pragma once
 
 #include "copy.h"

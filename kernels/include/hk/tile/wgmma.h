@@ -54,6 +54,24 @@ HK_DEVICE unsigned long long descriptor(const Tile& t, unsigned row0, unsigned k
   return (address & 0x3FFFF) >> 4 | 1ull << 16 | kStride << 32 | kSwizzle128 << 62;
 }
 
+// The descriptor of a [k][n] operand kept N-major ("transposed", imm-trans-b = 1): B of
+// D = A·B read from SharedPanels whose rows are k (keys, for attention's P·V) and whose 64-column
+// panels of 128-byte swizzled rows hold n. From row k0 on (a multiple of 8). For N-major
+// swizzled layouts the stride byte offset is the step between groups of 8 k rows (1024 bytes)
+// and the leading byte offset the step between 64-element groups of n, here one panel to the
+// next (PTX ISA, "Leading Dimension Byte Offset" and "Stride Dimension Byte Offset").
+template <class Panels> HK_DEVICE unsigned long long descriptor_n_major(const Panels& t, unsigned k0) {
+  using Panel = typename Panels::Panel;
+  static_assert(Panel::kCols * sizeof(typename Panel::Element) == 128,
+                "wgmma reads panels of 128-byte rows (the 128-byte swizzle)");
+  const unsigned address = detail::shared_address(t.panel[0].data + k0 * Panel::kCols);
+  constexpr unsigned long long kLeading = sizeof(Panel) >> 4;
+  static_assert(kLeading < (1u << 14), "a panel step the descriptor's 14 bits can hold");
+  constexpr unsigned long long kStride = 1024 >> 4;
+  constexpr unsigned long long kSwizzle128 = 1;
+  return (address & 0x3FFFF) >> 4 | kLeading << 16 | kStride << 32 | kSwizzle128 << 62;
+}
+
 // Orders the warpgroup's earlier register and shared-memory accesses before the wgmma that
 // follow (required before the first wgmma, and after the accumulators were written otherwise).
 HK_DEVICE void fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -89,6 +107,9 @@ template <typename T> struct Kind {
 #define HK_WG_UNITS "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9"
 #define HK_WG_REGS_32 \
   "{" HK_WG_UNITS ", " HK_WG_TENS(1) ", " HK_WG_TENS(2) ", %30, %31}"
+#define HK_WG_REGS_48                                                                    \
+  "{" HK_WG_UNITS ", " HK_WG_TENS(1) ", " HK_WG_TENS(2) ", " HK_WG_TENS(3) \
+  ", %40, %41, %42, %43, %44, %45, %46, %47}"
 #define HK_WG_REGS_64                                                                   \
   "{" HK_WG_UNITS ", " HK_WG_TENS(1) ", " HK_WG_TENS(2) ", " HK_WG_TENS(3) ", " HK_WG_TENS(4) \
   ", " HK_WG_TENS(5) ", %60, %61, %62, %63}"
@@ -99,6 +120,7 @@ template <typename T> struct Kind {
 #define HK_WG_D8(c, i) \
   c(d[i]), c(d[i + 1]), c(d[i + 2]), c(d[i + 3]), c(d[i + 4]), c(d[i + 5]), c(d[i + 6]), c(d[i + 7])
 #define HK_WG_D32(c, i) HK_WG_D8(c, i), HK_WG_D8(c, i + 8), HK_WG_D8(c, i + 16), HK_WG_D8(c, i + 24)
+#define HK_WG_D48(c, i) HK_WG_D32(c, i), HK_WG_D8(c, i + 32), HK_WG_D8(c, i + 40)
 #define HK_WG_D64(c, i) HK_WG_D32(c, i), HK_WG_D32(c, i + 32)
 #define HK_WG_D128(c, i) HK_WG_D64(c, i), HK_WG_D64(c, i + 64)
 
@@ -112,26 +134,32 @@ template <typename T> struct Kind {
 #define HK_WG_SHAPE(instr, tail, c)                                                          \
   if constexpr (kN == 64)                                                                    \
     HK_WG_ASM(instr, 32, HK_WG_REGS_32, "%32", "%33", "%34", tail, c);                       \
+  else if constexpr (kN == 96)                                                               \
+    HK_WG_ASM(instr, 48, HK_WG_REGS_48, "%48", "%49", "%50", tail, c);                       \
   else if constexpr (kN == 128)                                                              \
     HK_WG_ASM(instr, 64, HK_WG_REGS_64, "%64", "%65", "%66", tail, c);                       \
   else                                                                                       \
     HK_WG_ASM(instr, 128, HK_WG_REGS_128, "%128", "%129", "%130", tail, c)
 
 // d (+)= A·Bᵀ for one k step: A 64 x kK (desc_a), B kN x kK (desc_b), both K-major; d is the
-// warpgroup's 64 x kN accumulator block (kN / 2 registers a thread). accumulate = 0 overwrites
+// warpgroup's 64 x kN accumulator block (kN / 2 registers a thread). kN is 64, 128 or 256, or
+// 96 for 16-bit types (attention's scores at d = 128, where 128 keys do not fit the registers). accumulate = 0 overwrites
 // d with the product.
 template <typename T, unsigned kN>
 HK_DEVICE void mma(typename Kind<T>::Acc (&d)[kN / 2], unsigned long long desc_a,
                    unsigned long long desc_b, unsigned accumulate) {
-  static_assert(kN == 64 || kN == 128 || kN == 256, "wgmma blocks of 64, 128 or 256 columns");
+  static_assert(kN == 64 || kN == 128 || kN == 256 || (kN == 96 && sizeof(T) == 2),
+                "wgmma blocks of 64, 128 or 256 columns (or 96, of 16-bit types)");
 #define HK_WG_F32(shape, types, tail) \
   HK_WG_SHAPE("wgmma.mma_async.sync.aligned." shape ".f32." types, tail, "+f")
   if constexpr (__is_same(T, bf16)) {
     if constexpr (kN == 64) HK_WG_F32("m64n64k16", "bf16.bf16", ", 1, 1, 0, 0");
+    else if constexpr (kN == 96) HK_WG_F32("m64n96k16", "bf16.bf16", ", 1, 1, 0, 0");
     else if constexpr (kN == 128) HK_WG_F32("m64n128k16", "bf16.bf16", ", 1, 1, 0, 0");
     else HK_WG_F32("m64n256k16", "bf16.bf16", ", 1, 1, 0, 0");
   } else if constexpr (__is_same(T, f16)) {
     if constexpr (kN == 64) HK_WG_F32("m64n64k16", "f16.f16", ", 1, 1, 0, 0");
+    else if constexpr (kN == 96) HK_WG_F32("m64n96k16", "f16.f16", ", 1, 1, 0, 0");
     else if constexpr (kN == 128) HK_WG_F32("m64n128k16", "f16.f16", ", 1, 1, 0, 0");
     else HK_WG_F32("m64n256k16", "f16.f16", ", 1, 1, 0, 0");
   } else if constexpr (__is_same(T, fp8_e4m3fn)) {
@@ -151,6 +179,43 @@ HK_DEVICE void mma(typename Kind<T>::Acc (&d)[kN / 2], unsigned long long desc_a
 #undef HK_WG_S32
   }
 #undef HK_WG_F32
+}
+
+// A from registers: the operand lists after the n accumulators are a[0..4), desc_b, accumulate.
+#define HK_WG_ASM_RS(instr, n, regs, ra, rb, rs, c)                                        \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " rs ", 0;\n" instr " " regs ", " ra ", " rb \
+               ", p, 1, 1, 1;\n}\n"                                                      \
+               : HK_WG_D##n(c, 0)                                                        \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+
+// d (+)= A·B for one k step of 16, A the warpgroup's 64 x 16 block in registers (the
+// m64nNk16 A fragment: the thread of warp w and lane l holds rows 16w + l/4 and + 8, columns
+// 2(l%4), + 1 and + 8, + 9, as pairs in a[0] (row, low columns), a[1] (row + 8, low), a[2]
+// (row, high), a[3] (row + 8, high)), B 16 x kN read N-major (desc_b from
+// descriptor_n_major). The accumulator layout of D = X·Yᵀ with 16 columns of X's block is that
+// A fragment, which is how attention's P reaches P·V without leaving registers. 16-bit types.
+template <typename T, unsigned kN>
+HK_DEVICE void mma_rs(float (&d)[kN / 2], const unsigned (&a)[4], unsigned long long desc_b,
+                      unsigned accumulate) {
+  static_assert(kN == 64 || kN == 128 || kN == 256, "wgmma blocks of 64, 128 or 256 columns");
+  static_assert(__is_same(T, bf16) || __is_same(T, f16), "N-major B needs 16-bit types");
+#define HK_WG_RS(shape)                                                                       \
+  if constexpr (kN == 64)                                                                     \
+    HK_WG_ASM_RS(shape, 32, HK_WG_REGS_32, "{%32, %33, %34, %35}", "%36", "%37", "+f");        \
+  else if constexpr (kN == 128)                                                               \
+    HK_WG_ASM_RS(shape, 64, HK_WG_REGS_64, "{%64, %65, %66, %67}", "%68", "%69", "+f");        \
+  else                                                                                        \
+    HK_WG_ASM_RS(shape, 128, HK_WG_REGS_128, "{%128, %129, %130, %131}", "%132", "%133", "+f")
+  if constexpr (__is_same(T, bf16)) {
+    if constexpr (kN == 64) HK_WG_RS("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16");
+    else if constexpr (kN == 128) HK_WG_RS("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16");
+    else HK_WG_RS("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16");
+  } else {
+    if constexpr (kN == 64) HK_WG_RS("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16");
+    else if constexpr (kN == 128) HK_WG_RS("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16");
+    else HK_WG_RS("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16");
+  }
+#undef HK_WG_RS
 }
 
 // Where accumulator register v of the calling thread sits in the warpgroup's 64 x kN block.
