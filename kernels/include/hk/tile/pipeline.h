@@ -28,11 +28,12 @@
 // Its writes are in the generic proxy and wgmma reads through the async proxy, so a producer
 // thread fences (fence.proxy.async) after its copies land and before it arrives on `full`.
 //
-// Register budget: the producer gives registers back (setmaxnreg.dec to 40) so the consumers
-// may take the rest (setmaxnreg.inc; 232 each for two consumers). This needs a kernel capped at
-// one block of (1 + kConsumers) * 128 threads an SM (HK_LAUNCH_BOUNDS_MIN_BLOCKS(threads, 1)),
-// and ptxas still allocates the whole kernel within that cap (168 registers for two consumers):
-// the consumers' extra registers are headroom, not a larger budget to compile against.
+// Register budget: the producer gives registers back (setmaxnreg.dec, to 40 by default) so the
+// consumers may take the rest of the block's allocation (setmaxnreg.inc; 232 each for two
+// consumers). This needs a kernel capped at one block of (1 + kConsumers) * 128 threads an SM
+// (HK_LAUNCH_BOUNDS_MIN_BLOCKS(threads, 1)); ptxas reports that cap (168 registers for two
+// consumers) and compiles each role's code within its own count, though not predictably: which
+// split leaves a kernel without spills is found by trying (the build fails on spills).
 #pragma once
 
 #include "../device.h"
@@ -93,12 +94,22 @@ struct Ring {
   Stage stage[kStages];
   Mbarrier full[kStages], empty[kStages];
   // Registers a producer thread keeps (its copies' addresses), and what a consumer thread may
-  // then take: the rest of an SM's 65536, in setmaxnreg's steps of 8, at most 256.
+  // then take: the rest of what the launch gave the block, in setmaxnreg's steps of 8, at most
+  // 256. The pool is the launch's allocation (65536 / kThreads rounded down to 8 a thread: 168
+  // for three warpgroups, 504 a lane of each warp across the three), not the SM's 65536: a
+  // setmaxnreg.inc past the pool waits forever for registers no one frees (a producer of 64
+  // and consumers of 224 hung on the H200).
   static constexpr unsigned kProducerRegisters = kProducerRegisters_;
+  static constexpr unsigned kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static constexpr unsigned kPool = kLaunchRegisters * (1 + kConsumers);
   static constexpr unsigned kConsumerRegisters =
-      (65536 / kWarpgroupThreads - kProducerRegisters) / kConsumers / 8 * 8 > 256
+      (kPool - kProducerRegisters) / kConsumers / 8 * 8 > 256
           ? 256
-          : (65536 / kWarpgroupThreads - kProducerRegisters) / kConsumers / 8 * 8;
+          : (kPool - kProducerRegisters) / kConsumers / 8 * 8;
+  static_assert(kProducerRegisters % 8 == 0 && kProducerRegisters >= 24 &&
+                    kProducerRegisters <= kLaunchRegisters &&
+                    kProducerRegisters + kConsumers * kConsumerRegisters <= kPool,
+                "a register split setmaxnreg can make within the launch's allocation");
   // The dynamic shared memory a kernel's contract must give: the ring, and slack to align it.
   static constexpr unsigned kSharedBytes = sizeof(Stage) * kStages + 2 * kStages * 8 + kAlign;
 
