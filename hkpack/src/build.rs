@@ -231,6 +231,8 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
         compress: options.compress,
     };
     let (bundle, bundle_bytes) = package::write(&contents, &options.out_dir, &cache)?;
+    // After writing: the local entries found bad include those of the compressed modules.
+    warnings.extend(cache.warnings());
     let ptx_only = match toolchain.ptxas {
         Some(_) => Vec::new(),
         None => targets
@@ -348,23 +350,27 @@ fn run_job(
     cache: &Cache,
 ) -> Result<JobOutput, String> {
     let identity = job_identity(job, package, toolchain);
-    let (dir, hit) = match cache.lookup(&identity, &package.dir) {
-        Some((dir, level)) => (dir, Some(level)),
-        None => {
-            let scratch = cache.scratch().map_err(|e| e.to_string())?;
-            job.run(package, toolchain, scratch.path())
-                .map_err(|e| format!("{} failed ({})\n{}", e.command, e.status, e.diagnostics))?;
-            let depfile = scratch.path().join(outputs::DEPS);
-            let dir = cache
-                .store(&identity, &package.dir, scratch, &depfile)
-                .map_err(|e| e.to_string())?;
-            (dir, None)
-        }
-    };
+    // A hit is checked as a compiled job's outputs are; one that fails is a miss (the cache
+    // warns), so only a compiled job's failure fails the build.
+    let check = |dir: &Path| read_outputs(job, package, dir);
+    if let Some(((code, warnings), level)) = cache.lookup(&identity, &package.dir, check) {
+        return Ok(JobOutput {
+            code,
+            hit: Some(level),
+            warnings,
+        });
+    }
+    let scratch = cache.scratch().map_err(|e| e.to_string())?;
+    job.run(package, toolchain, scratch.path())
+        .map_err(|e| format!("{} failed ({})\n{}", e.command, e.status, e.diagnostics))?;
+    let depfile = scratch.path().join(outputs::DEPS);
+    let dir = cache
+        .store(&identity, &package.dir, scratch, &depfile)
+        .map_err(|e| e.to_string())?;
     let (code, warnings) = read_outputs(job, package, &dir)?;
     Ok(JobOutput {
         code,
-        hit,
+        hit: None,
         warnings,
     })
 }

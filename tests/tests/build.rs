@@ -332,6 +332,66 @@ fn two_builds_sharing_a_cache_both_succeed() {
     );
 }
 
+/// One flipped bit in the `.text` of a cached code object (a bad disk, a stray write) no
+/// longer matches the digest its entry was stored with: the hit is a miss with one warning
+/// naming the entry and the file, the job compiles again, its result replaces the entry, and
+/// the bundle is the one the first build wrote.
+#[test]
+fn a_flipped_bit_in_a_cached_code_object_is_a_miss_compiled_again_and_replaced() {
+    let package = TempPackage::new(&["gfx942"], &[("scale", SCALE_SOURCE, SCALE_MANIFEST)]);
+    let first = build_ok(&package.options());
+    assert_eq!(first.compiled, 1, "{first}");
+
+    let entries: Vec<_> = std::fs::read_dir(package.path("cache/objects"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let code = entries[0].join("code.co");
+    let mut bytes = std::fs::read(&code).unwrap();
+    let text = elf_section(&bytes, ".text");
+    bytes[text.start + text.len() / 2] ^= 0x01;
+    std::fs::write(&code, bytes).unwrap();
+
+    let mut options = package.options();
+    options.out_dir = package.path("second");
+    let second = build_ok(&options);
+    assert_eq!((second.compiled, second.local_hits), (1, 0), "{second}");
+    assert_eq!(second.warnings.len(), 1, "{:?}", second.warnings);
+    let entry = entries[0].file_name().unwrap().to_string_lossy();
+    let said = &second.warnings[0];
+    assert!(
+        said.contains(&format!("ignored entry `objects/{entry}`"))
+            && said.contains("`code.co` does not match")
+            && said.contains("replacing the entry"),
+        "{said}"
+    );
+    assert_eq!(digests(&second.bundle), digests(&first.bundle));
+
+    options.out_dir = package.path("third");
+    let third = build_ok(&options);
+    assert_eq!((third.compiled, third.local_hits), (0, 1), "{third}");
+    assert!(third.warnings.is_empty(), "{:?}", third.warnings);
+}
+
+/// Where section `name` of a 64-bit little-endian ELF file lies in it.
+fn elf_section(elf: &[u8], name: &str) -> std::ops::Range<usize> {
+    let at = |offset: usize, size: usize| {
+        let mut field = [0u8; 8];
+        field[..size].copy_from_slice(&elf[offset..offset + size]);
+        u64::from_le_bytes(field) as usize
+    };
+    let (headers, header_size, count, names) = (at(0x28, 8), at(0x3a, 2), at(0x3c, 2), at(0x3e, 2));
+    let header = |index: usize| headers + index * header_size;
+    let names = at(header(names) + 0x18, 8);
+    let wanted = format!("{name}\0");
+    (0..count)
+        .map(header)
+        .find(|&h| elf[names + at(h, 4)..].starts_with(wanted.as_bytes()))
+        .map(|h| at(h + 0x18, 8)..at(h + 0x18, 8) + at(h + 0x20, 8))
+        .unwrap_or_else(|| panic!("no {name} section"))
+}
+
 fn build_err(package: &TempPackage) -> String {
     build_err_with(package, &package.options())
 }

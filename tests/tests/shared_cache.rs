@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use common::servers::{self, Sccache, Server};
 use common::*;
 use hkpack::cache::RemoteOptions;
+use hkpack::cache::remote::{Fetched, Remote};
 use hkpack::cache::storage::S3Credentials;
 use hkpack::{BuildOptions, BuildReport};
 use sha2::{Digest, Sha256};
@@ -21,6 +22,9 @@ const MODULES: [(&str, &str, &str); 2] = [
     ("scale", SCALE_SOURCE, SCALE_MANIFEST),
     ("offset", OFFSET_SOURCE, OFFSET_MANIFEST),
 ];
+
+/// The folder of the remote's entries: the cache layout's version.
+const LAYOUT: &str = "hkpack-cache-3";
 
 /// Two modules for one AMD and one NVIDIA target: four jobs.
 fn package() -> TempPackage {
@@ -133,12 +137,13 @@ fn a_shared_folder_serves_a_second_machine_without_compiling() {
 
 /// The remote's entries of one kind, as nginx stores them.
 fn entries(server: &Server, kind: &str) -> Vec<std::path::PathBuf> {
-    let dir = server
-        .dir
-        .path()
-        .join("www/hkpack/hkpack-cache-2")
-        .join(kind);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
+    let dir = server.dir.path().join("www/hkpack").join(LAYOUT).join(kind);
+    files_in(&dir)
+}
+
+/// The files of a folder, sorted.
+fn files_in(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
         .collect();
@@ -167,7 +172,6 @@ fn corrupted_and_swapped_entries_are_rebuilt_and_overwritten() {
     assert_eq!((second.compiled, second.remote_hits), (2, 2), "{second}");
     assert_eq!(second.warnings.len(), 2, "{:?}", second.warnings);
     let said = second.warnings.join("\n");
-    let name = |path: &Path| path.file_name().unwrap().to_string_lossy().into_owned();
     assert!(
         said.contains(&name(&objects[0])) && said.contains("corrupted"),
         "{said}"
@@ -175,7 +179,7 @@ fn corrupted_and_swapped_entries_are_rebuilt_and_overwritten() {
     assert!(
         said.contains(&name(&objects[1]))
             && said.contains(&format!(
-                "holds the entry of `hkpack-cache-2/objects/{}`",
+                "holds the entry of `{LAYOUT}/objects/{}`",
                 name(&objects[2])
             )),
         "{said}"
@@ -188,6 +192,67 @@ fn corrupted_and_swapped_entries_are_rebuilt_and_overwritten() {
     let third = build_in(&package, "third", &remote);
     assert_eq!((third.compiled, third.remote_hits), (0, 4), "{third}");
     assert!(third.warnings.is_empty(), "{:?}", third.warnings);
+}
+
+/// An entry sealed as the answer to one job but holding another job's outputs, as anyone
+/// who may write to the store can make one: its seal holds, the build's check of the outputs
+/// does not. It is a miss with one warning naming it, compiled here and overwritten, and it
+/// never reaches the local cache, so later builds, with or without the store, succeed.
+#[test]
+fn a_sealed_entry_holding_another_jobs_outputs_is_a_miss_and_never_stored() {
+    let shared = tempfile::tempdir().unwrap();
+    let remote = remote(&format!("file://{}", shared.path().display()));
+    let package = package();
+    let cold = build_in(&package, "cold", &remote);
+    assert_eq!(cold.compiled, 4, "{cold}");
+
+    // The second entry now holds the first's outputs, sealed through the store's own API as
+    // the answer to the second's key. Any two jobs of the package differ in target or kernels.
+    let objects = files_in(&shared.path().join(LAYOUT).join("objects"));
+    assert_eq!(objects.len(), 4);
+    let [first, second] =
+        [&objects[0], &objects[1]].map(|p| format!("{LAYOUT}/objects/{}", name(p)));
+    let store = Remote::open(&remote).unwrap();
+    let Fetched::Payload(outputs) = store.get(&first) else {
+        panic!("{first} cannot be read back: {:?}", store.warnings());
+    };
+    assert!(store.put(&second, &outputs), "{:?}", store.warnings());
+    drop(store);
+
+    let swapped = build_in(&package, "swapped", &remote);
+    assert_eq!((swapped.compiled, swapped.remote_hits), (1, 3), "{swapped}");
+    assert_eq!(swapped.warnings.len(), 1, "{:?}", swapped.warnings);
+    let said = &swapped.warnings[0];
+    assert!(
+        said.contains(&format!("ignored entry `{second}`"))
+            && said.contains("fail this job's checks")
+            && said.contains("overwriting the entry"),
+        "{said}"
+    );
+    assert_eq!(
+        swapped.remote.as_ref().unwrap().written_back,
+        1,
+        "{swapped}"
+    );
+    assert_eq!(digests(&swapped.bundle), digests(&cold.bundle));
+
+    // Only checked outputs reached the local cache: without the store, every job hits.
+    let mut local = package.options();
+    local.cache_dir = package.path("swapped/cache");
+    local.out_dir = package.path("swapped/dist-local");
+    let local = build_ok(&local);
+    assert_eq!((local.compiled, local.local_hits), (0, 4), "{local}");
+    assert!(local.warnings.is_empty(), "{:?}", local.warnings);
+
+    // And the entry was overwritten: a third machine reads all four.
+    let third = build_in(&package, "third", &remote);
+    assert_eq!((third.compiled, third.remote_hits), (0, 4), "{third}");
+    assert!(third.warnings.is_empty(), "{:?}", third.warnings);
+}
+
+/// A file's name, as the warnings quote it.
+fn name(path: &Path) -> String {
+    path.file_name().unwrap().to_string_lossy().into_owned()
 }
 
 #[test]

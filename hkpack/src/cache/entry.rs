@@ -11,7 +11,7 @@
 //! The seal protects against damage, not against a writer who means harm: anyone who may write
 //! to the store can seal bytes of their choosing. Untrusted builds (pull requests from forks)
 //! read the cache with `--cache-readonly`; every output is still checked as a compiled one is
-//! (its target, code-object version and kernel signatures) before it enters a bundle.
+//! (its target, code-object version and kernel signatures) before it is stored locally.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -45,6 +45,9 @@ pub enum Defect {
     Corrupted,
     #[error("its contents are not a job's output files: {0}")]
     NotOutputs(String),
+    /// Shown only by a build that succeeds, so its job's outputs from elsewhere passed.
+    #[error("its outputs are another job's or damaged: they fail this job's checks ({0})")]
+    FailsCheck(String),
 }
 
 /// `payload` sealed as the answer to `answers`.
@@ -76,15 +79,16 @@ pub fn open<'a>(answers: &str, bytes: &'a [u8]) -> Result<&'a [u8], Defect> {
     Ok(sealed.payload)
 }
 
-/// The files of a job's output folder, by name, as one payload.
+/// The files of a job's output folder, by name, as one payload; not the local entry's
+/// digest, which the seal replaces and the reader writes afresh.
 pub fn pack_outputs(dir: &Path) -> std::io::Result<Vec<u8>> {
     let mut files = BTreeMap::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        if !entry.file_type()?.is_file() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == super::contents::FILE || !entry.file_type()?.is_file() {
             continue;
         }
-        let name = entry.file_name().to_string_lossy().into_owned();
         files.insert(name, ByteBuf::from(std::fs::read(entry.path())?));
     }
     Ok(rmp_serde::to_vec(&files).expect("a map of strings and bytes always encodes"))

@@ -14,10 +14,16 @@
 //! private temporary folder first and renamed into place, so a killed build leaves no partial
 //! entry and two builds sharing a cache never see each other's half-written files.
 //!
+//! No hit is trusted. Each entry carries the digest of its files ([`contents`]), and a hit's
+//! outputs must pass the checks the build makes of a compiled job's; an entry that fails
+//! either is a miss with one warning, taken out and replaced by the job's fresh result.
+//!
 //! A [`Remote`] store, when given, is the second level: a local miss reads the same two
 //! steps through from it (`deps/<identity>`, then `objects/<key>`, each a checked
-//! [`entry`]), and a compiled job's outputs are written back to it.
+//! [`entry`]), checks the outputs as a local hit's before storing them here, and a compiled
+//! job's outputs are written back to it.
 
+mod contents;
 mod entry;
 pub mod remote;
 pub mod storage;
@@ -34,8 +40,9 @@ use crate::staging::{Aside, clean_leftovers};
 use remote::Fetched;
 pub use remote::{Remote, RemoteOptions, RemoteReport};
 
-/// Bumped whenever the layout or the key's ingredients change, so old entries are not reused.
-const CACHE_VERSION: &str = "hkpack-cache-2";
+/// Bumped whenever the layout or the key's ingredients change, so old entries are not reused
+/// (3: local entries carry their digest; entries of 2 have none to check).
+const CACHE_VERSION: &str = "hkpack-cache-3";
 
 /// A cache folder, shared safely between threads and processes, and the remote store
 /// behind it, if any.
@@ -45,6 +52,8 @@ pub struct Cache {
     remote: Option<Remote>,
     /// File contents hashed in this build, by path: a header is hashed once, not per job.
     file_hashes: Mutex<HashMap<PathBuf, Option<String>>>,
+    /// The local entries this build found bad, one sentence each, for the build's summary.
+    warnings: Mutex<Vec<String>>,
 }
 
 /// Where a job's outputs were found.
@@ -103,30 +112,95 @@ impl Cache {
             dir: dir.to_owned(),
             remote,
             file_hashes: Mutex::new(HashMap::new()),
+            warnings: Mutex::new(Vec::new()),
         })
     }
 
-    /// The folder holding the outputs of `identity` for the files as they are now, if a
+    /// What `check` makes of the outputs of `identity` for the files as they are now, if a
     /// previous build stored them here or in the remote store, and which level had them.
-    /// `base` is where the compiler ran (dependency paths are relative to it).
-    pub fn lookup(&self, identity: &Identity, base: &Path) -> Option<(PathBuf, Level)> {
-        if let Some(dir) = self.lookup_local(identity, base) {
-            return Some((dir, Level::Local));
+    /// `base` is where the compiler ran (dependency paths are relative to it). `check` is
+    /// what the build requires of any job's output folder (the right target, the declared
+    /// kernels...): a hit it refuses is a miss, with a warning naming the entry and why.
+    pub fn lookup<T>(
+        &self,
+        identity: &Identity,
+        base: &Path,
+        check: impl Fn(&Path) -> Result<T, String>,
+    ) -> Option<(T, Level)> {
+        if let Some(checked) = self.lookup_local(identity, base, &check) {
+            return Some((checked, Level::Local));
         }
         let remote = self.remote.as_ref()?;
-        self.fetch(remote, identity, base)
-            .map(|dir| (dir, Level::Remote))
+        self.fetch(remote, identity, base, &check)
+            .map(|checked| (checked, Level::Remote))
     }
 
-    fn lookup_local(&self, identity: &Identity, base: &Path) -> Option<PathBuf> {
+    /// A local hit whose files match their digest and pass `check`; a bad one is discarded.
+    fn lookup_local<T>(
+        &self,
+        identity: &Identity,
+        base: &Path,
+        check: impl Fn(&Path) -> Result<T, String>,
+    ) -> Option<T> {
+        let dir = self.local_entry(identity, base)?;
+        let checked = contents::check(&dir)
+            .map_err(|mismatch| mismatch.to_string())
+            .and_then(|()| check(&dir).map_err(|why| entry::Defect::FailsCheck(why).to_string()));
+        match checked {
+            Ok(checked) => Some(checked),
+            Err(why) => {
+                self.discard(&dir, &why);
+                None
+            }
+        }
+    }
+
+    fn local_entry(&self, identity: &Identity, base: &Path) -> Option<PathBuf> {
         let deps = std::fs::read_to_string(self.dir.join("deps").join(&identity.0)).ok()?;
         let key = self.key(identity, base, deps.lines().map(PathBuf::from))?;
         let dir = self.dir.join("objects").join(key);
         dir.is_dir().then_some(dir)
     }
 
-    /// Reads the outputs of `identity` through from the remote store into the local cache.
-    fn fetch(&self, remote: &Remote, identity: &Identity, base: &Path) -> Option<PathBuf> {
+    /// Warns about a bad local entry and takes it out of `objects/`, so that the job's fresh
+    /// outputs can take its place (storing them keeps a folder already there). It is renamed
+    /// into a scratch folder first, so no build sees it half removed. If that fails, the bad
+    /// entry stays, and the next build finds it, and says so, again.
+    fn discard(&self, dir: &Path, why: &str) {
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        self.warn(format!(
+            "build cache {}: ignored entry `objects/{name}`: {why}; building the job again and replacing the entry",
+            self.dir.display()
+        ));
+        if let Ok(aside) = self.scratch() {
+            let _ = std::fs::rename(dir, aside.path().join("entry"));
+        }
+    }
+
+    fn warn(&self, warning: String) {
+        self.warnings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(warning);
+    }
+
+    /// The local entries this build found bad and replaced, one sentence each.
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Reads the outputs of `identity` through from the remote store and, once they pass
+    /// `check`, into the local cache: outputs that fail it never reach the local cache.
+    fn fetch<T>(
+        &self,
+        remote: &Remote,
+        identity: &Identity,
+        base: &Path,
+        check: impl Fn(&Path) -> Result<T, String>,
+    ) -> Option<T> {
         let deps_path = remote_path(DEPS, &identity.0);
         let Fetched::Payload(deps) = remote.get(&deps_path) else {
             return None;
@@ -159,9 +233,16 @@ impl Cache {
             remote.report_defect(&objects_path, &defect);
             return None;
         }
+        let checked = match check(scratch.path()) {
+            Ok(checked) => checked,
+            Err(why) => {
+                remote.report_defect(&objects_path, &entry::Defect::FailsCheck(why));
+                return None;
+            }
+        };
         self.store_locally(identity, base, scratch, &depfile)
             .ok()
-            .map(|(dir, _)| dir)
+            .map(|_| checked)
     }
 
     /// A fresh, private folder for a job's outputs, removed on drop unless stored.
@@ -223,6 +304,7 @@ impl Cache {
                 path: base.to_owned(),
                 detail: "a file the compiler read has disappeared".into(),
             })?;
+        contents::write(outputs.path()).map_err(io_error(outputs.path()))?;
         let dest = self.dir.join("objects").join(&key);
         match std::fs::rename(outputs.path(), &dest) {
             Ok(()) => {}
@@ -243,6 +325,8 @@ impl Cache {
 
     /// `make(input)`'s result, computed once per distinct `(what, input)` and then read back:
     /// for slow, deterministic steps after compiling, such as compressing a module bundle.
+    /// Stored behind its SHA-256, checked on every read: a result that no longer matches is
+    /// made again and replaced, with a warning.
     pub fn derived<E: From<CacheError>>(
         &self,
         what: &str,
@@ -254,15 +338,19 @@ impl Cache {
         hasher.update((what.len() as u64).to_le_bytes());
         hasher.update(what);
         hasher.update(input);
-        let path = self
-            .dir
-            .join("derived")
-            .join(hkload::manifest::hex(&hasher.finalize()));
-        if let Ok(bytes) = std::fs::read(&path) {
-            return Ok(bytes);
+        let name = hkload::manifest::hex(&hasher.finalize());
+        let path = self.dir.join("derived").join(&name);
+        if let Ok(stored) = std::fs::read(&path) {
+            match unseal_derived(&stored) {
+                Some(bytes) => return Ok(bytes.to_vec()),
+                None => self.warn(format!(
+                    "build cache {}: ignored entry `derived/{name}`: it does not match the SHA-256 it was stored with (corrupted); computing it again and replacing the entry",
+                    self.dir.display()
+                )),
+            }
         }
         let bytes = make(input)?;
-        self.write_atomically(&path, &bytes)?;
+        self.write_atomically(&path, &[Sha256::digest(&bytes).as_slice(), &bytes].concat())?;
         Ok(bytes)
     }
 
@@ -311,6 +399,12 @@ fn remote_path(kind: &str, name: &str) -> String {
     format!("{CACHE_VERSION}/{kind}/{name}")
 }
 
+/// The bytes of a derived entry (its SHA-256, then the bytes) if they match their digest.
+fn unseal_derived(stored: &[u8]) -> Option<&[u8]> {
+    let (digest, bytes) = stored.split_at_checked(32)?;
+    (Sha256::digest(bytes).as_slice() == digest).then_some(bytes)
+}
+
 /// The cache's folders for a job's outputs before they are stored, and for a file being
 /// written: in `tmp/`, each locked by its build, so that the next build removes what a killed
 /// one left (see [`crate::staging`]).
@@ -329,6 +423,11 @@ mod tests {
         cache.store(identity, base, outputs, &depfile).unwrap()
     }
 
+    /// A lookup whose check accepts any output folder, and returns it.
+    fn found(cache: &Cache, identity: &Identity, base: &Path) -> Option<(PathBuf, Level)> {
+        cache.lookup(identity, base, |dir| Ok(dir.to_owned()))
+    }
+
     #[test]
     fn a_header_change_misses_and_an_unchanged_tree_hits() {
         let root = tempfile::tempdir().unwrap();
@@ -339,21 +438,21 @@ mod tests {
         let identity = Identity::new(["clang 22", "gfx942", "-O3"]);
 
         let cache = Cache::open(&root.path().join("cache")).unwrap();
-        assert_eq!(cache.lookup(&identity, &base), None);
+        assert_eq!(found(&cache, &identity, &base), None);
         let dir = stored(&cache, &identity, &base, "k.hip h.h");
         assert_eq!(std::fs::read(dir.join("code.co")).unwrap(), b"object");
 
         // A new process (fresh memo) finds it; another identity does not.
         let cache = Cache::open(&root.path().join("cache")).unwrap();
-        assert_eq!(cache.lookup(&identity, &base), Some((dir, Level::Local)));
+        assert_eq!(found(&cache, &identity, &base), Some((dir, Level::Local)));
         assert_eq!(
-            cache.lookup(&Identity::new(["clang 22", "gfx90a"]), &base),
+            found(&cache, &Identity::new(["clang 22", "gfx90a"]), &base),
             None
         );
 
         std::fs::write(base.join("h.h"), "header v2").unwrap();
         let cache = Cache::open(&root.path().join("cache")).unwrap();
-        assert_eq!(cache.lookup(&identity, &base), None);
+        assert_eq!(found(&cache, &identity, &base), None);
         assert!(
             std::fs::read_dir(root.path().join("cache/tmp"))
                 .unwrap()
@@ -361,6 +460,66 @@ mod tests {
                 .is_none(),
             "no scratch folder is left behind"
         );
+    }
+
+    #[test]
+    fn a_hit_that_fails_its_check_is_a_miss_with_one_warning_and_is_replaced() {
+        let root = tempfile::tempdir().unwrap();
+        let base = root.path().join("src");
+        std::fs::create_dir(&base).unwrap();
+        std::fs::write(base.join("k.hip"), "kernel").unwrap();
+        let identity = Identity::new(["clang 22", "gfx942"]);
+        let cache = Cache::open(&root.path().join("cache")).unwrap();
+        let dir = stored(&cache, &identity, &base, "k.hip");
+
+        let refused = cache.lookup(&identity, &base, |_| {
+            Err::<(), _>("the code object is for gfx90a, not gfx942".to_owned())
+        });
+        assert_eq!(refused, None);
+        let warnings = cache.warnings();
+        let name = dir.file_name().unwrap().to_string_lossy();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains(&format!("ignored entry `objects/{name}`"))
+                && warnings[0].contains("the code object is for gfx90a")
+                && warnings[0].contains("replacing the entry"),
+            "{}",
+            warnings[0]
+        );
+        assert!(!dir.exists(), "the bad entry is taken out");
+
+        assert_eq!(stored(&cache, &identity, &base, "k.hip"), dir);
+        assert_eq!(found(&cache, &identity, &base), Some((dir, Level::Local)));
+        assert_eq!(cache.warnings().len(), 1);
+    }
+
+    #[test]
+    fn a_derived_result_that_no_longer_matches_its_digest_is_made_again() {
+        let root = tempfile::tempdir().unwrap();
+        let cache = Cache::open(&root.path().join("cache")).unwrap();
+        let made = std::cell::Cell::new(0);
+        let derive = || {
+            cache.derived("double", b"ab", |input| {
+                made.set(made.get() + 1);
+                Ok::<_, CacheError>(input.repeat(2))
+            })
+        };
+        assert_eq!(derive().unwrap(), b"abab");
+        assert_eq!((derive().unwrap(), made.get()), (b"abab".to_vec(), 1));
+
+        let entries: Vec<_> = std::fs::read_dir(root.path().join("cache/derived"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        let mut bytes = std::fs::read(&entries[0]).unwrap();
+        *bytes.last_mut().unwrap() ^= 1;
+        std::fs::write(&entries[0], bytes).unwrap();
+
+        assert_eq!((derive().unwrap(), made.get()), (b"abab".to_vec(), 2));
+        let warnings = cache.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("corrupted"), "{}", warnings[0]);
+        assert_eq!((derive().unwrap(), made.get()), (b"abab".to_vec(), 2));
     }
 
     #[test]
