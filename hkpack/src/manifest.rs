@@ -328,7 +328,7 @@ impl Package {
 
         let modules = module_files(dir)?
             .iter()
-            .map(|path| Module::load(path))
+            .map(|path| Module::load(path, &targets))
             .collect::<Result<Vec<_>, _>>()?;
         check_unique_names(&modules)?;
         check_unique_symbols(&modules)?;
@@ -394,7 +394,8 @@ fn module_files(dir: &Path) -> Result<Vec<PathBuf>, ManifestError> {
 }
 
 impl Module {
-    fn load(path: &Path) -> Result<Self, ManifestError> {
+    /// Reads the module manifest at `path`, of a package that builds `targets`.
+    fn load(path: &Path, targets: &[TargetId]) -> Result<Self, ManifestError> {
         let file = SourceFile::read(path)?;
         let raw: RawModuleFile = file.parse()?;
         let name = raw.module.name.get_ref();
@@ -512,6 +513,18 @@ impl Module {
                 return Err(file.error(
                     target.span(),
                     format!("module `{name}` skips {id}, but a module is built for an architecture-specific target only if its `arch_specific` lists it; remove {id} from skip_targets"),
+                ));
+            }
+            // A target the package does not build would skip nothing: most likely a typo or
+            // a target since removed, which would leave the module unbuilt nowhere it should be.
+            if !targets.contains(&id) {
+                let listed: Vec<String> = targets.iter().map(TargetId::to_string).collect();
+                return Err(file.error(
+                    target.span(),
+                    format!(
+                        "module `{name}` skips {id}, which is not among the package's targets ({}); remove it from skip_targets or add it to `targets` in {PACKAGE_FILE}",
+                        listed.join(", ")
+                    ),
                 ));
             }
             if reason.get_ref().trim().is_empty() {

@@ -16,7 +16,9 @@ const REASON: &str = "no FP8 tensor-core instruction before sm_89";
 fn package() -> TempPackage {
     let offset = OFFSET_MANIFEST.replace(
         "source = \"../kernels/offset.hip\"\n",
-        &format!("source = \"../kernels/offset.hip\"\nskip_targets = {{ gfx90a = \"{REASON}\", \"gfx9-4-generic\" = \"not tried\" }}\n"),
+        &format!(
+            "source = \"../kernels/offset.hip\"\nskip_targets = {{ gfx90a = \"{REASON}\" }}\n"
+        ),
     );
     TempPackage::new(
         &["gfx90a", "sm_80"],
@@ -38,8 +40,7 @@ fn a_skipped_target_is_not_built_and_says_why_while_the_other_modules_load() {
     let dir = build_ok(&package.options()).bundle;
     let bundle = Bundle::open(&dir).unwrap();
 
-    // Nothing was built for gfx90a in `offset`, and the bundle says why; the generic target,
-    // not built at all, is not recorded.
+    // Nothing was built for gfx90a in `offset`, and the bundle says why.
     let manifest = bundle.manifest().unwrap();
     let offset = manifest.module("offset").unwrap();
     let ids: Vec<String> = offset.entries.iter().map(|e| e.id.to_string()).collect();
@@ -140,6 +141,32 @@ fn skip_targets_errors_name_the_file_and_line() {
         for part in *expected {
             assert!(error.contains(part), "`{part}` not in:\n{error}");
         }
+    }
+}
+
+/// A `skip_targets` key that names a valid target the package does not build is an error at
+/// its line (a misspelt or forgotten target would otherwise skip nothing, silently), naming
+/// the key and the package's targets.
+#[test]
+fn a_skipped_target_the_package_does_not_build_is_an_error_at_its_line() {
+    let package = package();
+    let offset = package.manifests().join("offset.toml");
+    let written = std::fs::read_to_string(&offset).unwrap();
+    let edited = written.replace(
+        &format!("gfx90a = \"{REASON}\""),
+        &format!("gfx90a = \"{REASON}\", \"gfx9-4-generic\" = \"not tried\""),
+    );
+    assert_ne!(edited, written);
+    std::fs::write(&offset, edited).unwrap();
+    let error = hkpack::build(&package.options()).err().unwrap().to_string();
+    // The key's column: where its quoted name starts on line 5.
+    let column = format!("skip_targets = {{ gfx90a = \"{REASON}\", ").len() + 1;
+    for part in [
+        &format!("offset.toml:5:{column}: "),
+        "gfx9-4-generic",
+        "not among the package's targets (gfx90a, sm_80)",
+    ] {
+        assert!(error.contains(part), "`{part}` not in:\n{error}");
     }
 }
 
