@@ -1186,6 +1186,29 @@ fn an_index_from_before_blake3_verifies_with_sha256() {
     }
 }
 
+/// The digest a bundle reports of its index (what names the build, and what its split packages
+/// must record) is the index's true SHA-256, even where the file records a forged one that a
+/// verified open, checking the BLAKE3 alone, lets through.
+#[test]
+fn the_index_digest_reported_is_the_one_of_its_contents() {
+    let (_package, dir) = small_bundle(false);
+    let index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
+    let truth = hkload::manifest::Sha256Digest::of(&[&index[..4], &index[72..]].concat());
+    // Another build's SHA-256 written in, and the BLAKE3, which covers it, redone to match.
+    let mut forged = index.clone();
+    forged[6..38].copy_from_slice(&[0x5a; 32]);
+    let digest = blake3::Hasher::new()
+        .update(&forged[..38])
+        .update(&forged[72..])
+        .finalize();
+    forged[40..72].copy_from_slice(digest.as_bytes());
+    let opened = Index::open(forged.clone(), true).unwrap();
+    assert_eq!(opened.digest(), truth);
+    let bundle =
+        Bundle::from_bytes(&[("bundle.msgpack", leak(forged))], OpenOptions::default()).unwrap();
+    assert_eq!(bundle.index_digest(), truth);
+}
+
 /// A 1.5 index records two digests of itself: a verified open checks the BLAKE3, which covers
 /// the SHA-256's value too, and `Index::check_sha256` (what `hkpack verify` adds) the SHA-256.
 #[test]

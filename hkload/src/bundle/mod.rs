@@ -80,8 +80,9 @@ impl std::fmt::Debug for Bundle {
 }
 
 impl Bundle {
-    /// The digest the index records of itself: what identifies this build of the bundle, and
-    /// what its split packages record.
+    /// The SHA-256 of the index's contents (computed on first call, so a forged recorded value
+    /// is never reported; see [`Index::digest`]): what identifies this build of the bundle,
+    /// and what its split packages record.
     pub fn index_digest(&self) -> Sha256Digest {
         self.inner.index.digest()
     }
