@@ -289,6 +289,51 @@ fn a_search_path_serves_what_it_holds_and_names_what_is_missing() {
     );
 }
 
+/// `hkpack verify` over a package set: a file in a target package that the index does not
+/// list for its target (another target's module file copied in, or anything else) is a
+/// failure naming the file, not passed over.
+#[test]
+fn verify_names_a_stray_file_in_a_target_package() {
+    let (package, _) = split_package("0.1.0", false);
+    let dist = package.path("dist");
+    let (index, generic) = (
+        dist.join("mini-0.1.0-index"),
+        dist.join("mini-0.1.0-gfx9-4-generic"),
+    );
+    let dirs = [index, generic.clone()];
+    let damaged = || -> Vec<hkpack::verify::FileVerdict> {
+        hkpack::verify::packages::verify_set(&dirs, &[])
+            .unwrap()
+            .into_iter()
+            .filter(|v| !v.intact)
+            .collect()
+    };
+    assert_eq!(damaged(), []);
+
+    // `offset` skips the generic target: its gfx942 package's file has no place there.
+    std::fs::copy(
+        dist.join("mini-0.1.0-gfx942/offset.hipfb"),
+        generic.join("offset.hipfb"),
+    )
+    .unwrap();
+    std::fs::write(generic.join("notes.txt"), "left here").unwrap();
+    let bad = damaged();
+    let files: Vec<&str> = bad.iter().map(|v| v.file.as_str()).collect();
+    assert_eq!(
+        files,
+        [
+            "mini-0.1.0-gfx9-4-generic/notes.txt",
+            "mini-0.1.0-gfx9-4-generic/offset.hipfb"
+        ],
+        "{bad:?}"
+    );
+    assert!(
+        bad[1].detail.contains("module offset") && bad[1].detail.contains("not tried there"),
+        "{bad:?}"
+    );
+    assert!(bad[0].detail.contains("remove it"), "{bad:?}");
+}
+
 #[test]
 fn packages_of_another_version_or_build_are_refused_naming_both() {
     let (old, _) = split_package("0.1.0", false);

@@ -135,15 +135,70 @@ fn target_package(
             target, manifest.package.name, manifest.package.version
         )),
     )];
-    for module in &manifest.modules {
-        if module.entries.iter().any(|e| e.id.target() == target) {
-            verdicts.push(FileVerdict::of(
-                &module.file,
-                target_module_file(dir, module, &target),
-            ));
-        }
+    let held: Vec<&ModuleRecord> = manifest
+        .modules
+        .iter()
+        .filter(|module| module.entries.iter().any(|e| e.id.target() == target))
+        .collect();
+    for module in &held {
+        verdicts.push(FileVerdict::of(
+            &module.file,
+            target_module_file(dir, module, &target),
+        ));
     }
+    verdicts.extend(stray_files(dir, manifest, &held, &target));
     verdicts
+}
+
+/// A verdict on each file of the target package at `dir` that is neither its description nor
+/// one of the module files `held` of `target`, in name order. Such a file is no part of the
+/// package `hkpack split` writes: another target's module file left there would be read by
+/// nothing, yet a package that holds it is not the one its index vouches for.
+fn stray_files(
+    dir: &Path,
+    manifest: &BundleManifest,
+    held: &[&ModuleRecord],
+    target: &TargetId,
+) -> Vec<FileVerdict> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            return vec![FileVerdict::of(
+                ".",
+                Err(format!("the package's folder cannot be listed: {e}")),
+            )];
+        }
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name != TARGET_FILE && !held.iter().any(|m| m.file == *name))
+        .collect();
+    names.sort_unstable();
+    names
+        .iter()
+        .map(|name| {
+            let problem = match manifest.modules.iter().find(|m| m.file == *name) {
+                Some(module) => {
+                    let why = module
+                        .not_built
+                        .iter()
+                        .find(|n| n.target == *target)
+                        .map_or(String::new(), |n| {
+                            format!(" (it is not built for {target}: {})", n.reason)
+                        });
+                    format!(
+                        "is the file of module {}, but the index lists no code of it for                          {target}{why}; it does not belong in this package: remove it",
+                        module.name
+                    )
+                }
+                None => format!(
+                    "is no file of {target}'s package: it holds {TARGET_FILE} and the module                      files the index lists for {target} alone; remove it"
+                ),
+            };
+            FileVerdict::of(name, Err(problem))
+        })
+        .collect()
 }
 
 /// `module`'s file in `target`'s package at `dir`: exactly the index's code images of the
