@@ -164,11 +164,18 @@ struct Memo {
     extents: Vec<u64>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Limits {
     vendor: Vendor,
     static_shared: u32,
     shared_limit: u32,
+    /// The most threads a block may have on the device, as its driver reports it: the code
+    /// object's own maximum ([`Facts::max_block_threads`]) says what the kernel was compiled
+    /// for, not what this device can run.
+    device_block_threads: u32,
+    /// The code object's target and the device, as messages name them.
+    code_target: TargetId,
+    device: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,6 +294,14 @@ impl ArgLayout {
                 vendor,
                 static_shared: abi.group_segment_size,
                 shared_limit: device.info().shared_memory_per_block,
+                device_block_threads: device.info().max_threads_per_block,
+                code_target: abi.target,
+                device: format!(
+                    "{} (device {} of the {} driver)",
+                    device.info().name,
+                    device.ordinal(),
+                    device.driver().api()
+                ),
             },
             contract,
             facts: Facts {
@@ -565,8 +580,16 @@ impl ArgLayout {
         let threads = dims.block_threads();
         if threads > u64::from(self.facts.max_block_threads) {
             return refuse(format!(
-                "a block of {threads} threads ({:?}) exceeds the kernel's maximum of {}",
-                dims.block, self.facts.max_block_threads
+                "a block of {threads} threads ({:?}) exceeds the kernel's maximum of {}, the \
+                 max_flat_workgroup_size of its code object for {}",
+                dims.block, self.facts.max_block_threads, self.limits.code_target
+            ));
+        }
+        if threads > u64::from(self.limits.device_block_threads) {
+            return refuse(format!(
+                "a block of {threads} threads ({:?}) exceeds the device's maximum of {} threads \
+                 a block, as its driver reports it for {}",
+                dims.block, self.limits.device_block_threads, self.limits.device
             ));
         }
         match self.limits.vendor {

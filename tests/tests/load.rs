@@ -1046,6 +1046,62 @@ fn a_kernel_without_a_contract_launches_only_with_explicit_dims() {
     assert!(matches!(driver.log().last(), Some(Recorded::Launch { .. })));
 }
 
+/// A block is checked against the device's limit on threads a block, as its driver reports it,
+/// and not only against the code object's own maximum (1024 here): each refusal names the limit
+/// and where it comes from.
+#[test]
+fn a_block_beyond_the_devices_thread_limit_is_refused_naming_it() {
+    let (_package, dir) = small_bundle(false);
+    let bundle = Bundle::open(&dir).unwrap();
+    for id in ["gfx942:sramecc+:xnack-", "sm_90"] {
+        let driver = Arc::new(RecordingDriver::new([target(id)]).with_max_threads_per_block(256));
+        let device = Device::new(driver.clone(), 0).unwrap();
+        let loaded = bundle.load(&device).unwrap();
+        let kernel = loaded.kernel("scale").unwrap();
+        let x = device.alloc(ScalarType::F32, 512).unwrap();
+        let mut out = device.alloc(ScalarType::F32, 512).unwrap();
+        let args = [
+            Arg::from(&mut out),
+            Arg::from(&x),
+            Arg::from(2.0f32),
+            Arg::from(512u32),
+        ];
+        let launch = |threads| {
+            // SAFETY: the recording driver runs nothing.
+            unsafe {
+                kernel.launch(
+                    &LaunchDims::linear(1, threads),
+                    StreamHandle::DEFAULT,
+                    &args,
+                )
+            }
+        };
+        launch(256).unwrap();
+        let error = launch(512).unwrap_err().to_string();
+        for part in [
+            "a block of 512 threads",
+            "the device's maximum of 256 threads a block",
+            "as its driver reports it",
+            "recording driver",
+        ] {
+            assert!(error.contains(part), "{id}: `{part}` not in: {error}");
+        }
+        let launches = driver
+            .log()
+            .iter()
+            .filter(|r| matches!(r, Recorded::Launch { .. }))
+            .count();
+        assert_eq!(launches, 1, "{id}: the refused block reached the driver");
+        // The code object's own maximum is named as such.
+        let error = launch(2048).unwrap_err().to_string();
+        assert!(
+            error.contains("the kernel's maximum of 1024")
+                && error.contains("max_flat_workgroup_size of its code object"),
+            "{id}: {error}"
+        );
+    }
+}
+
 /// A large image is hashed while the driver loads it: a damaged one is refused all the same,
 /// its module unloaded again, and nothing of it launched.
 #[test]

@@ -625,6 +625,7 @@ fn device_at(ordinal: c_int) -> Result<CudaDevice, DriverError> {
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR,
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as MINOR,
         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as SHARED_OPTIN,
+        CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK as MAX_THREADS,
         CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SMS,
     };
     let (major, minor) = (attribute(MAJOR)?, attribute(MINOR)?);
@@ -634,6 +635,7 @@ fn device_at(ordinal: c_int) -> Result<CudaDevice, DriverError> {
     })?;
     let compute_units = attribute(SMS)?.max(0) as u32;
     let shared_memory_per_block = attribute(SHARED_OPTIN)?.max(0) as u32;
+    let max_threads_per_block = attribute(MAX_THREADS)?.max(0) as u32;
     Ok(CudaDevice {
         handle,
         info: DeviceInfo {
@@ -642,6 +644,7 @@ fn device_at(ordinal: c_int) -> Result<CudaDevice, DriverError> {
             target,
             compute_units,
             shared_memory_per_block,
+            max_threads_per_block,
         },
         context: OnceLock::new(),
     })

@@ -80,6 +80,8 @@ struct PropertiesLayout {
     arch_offset: usize,
     /// Offset of `int multiProcessorCount` (the compute units).
     compute_units_offset: usize,
+    /// Offset of `int maxThreadsPerBlock`.
+    max_threads_offset: usize,
 }
 
 /// ROCm 6.0 and later (`hipDeviceProp_tR0600`).
@@ -89,6 +91,7 @@ const PROPERTIES_R0600: PropertiesLayout = PropertiesLayout {
     arch_offset: 1160,
     // As in CUDA 12's `cudaDeviceProp`, which this layout mirrors field for field.
     compute_units_offset: 388,
+    max_threads_offset: 320,
 };
 
 /// ROCm 5 (`hipDeviceProp_tR0000`), checked against Debian's ROCm 5.2 headers.
@@ -97,6 +100,7 @@ const PROPERTIES_R0000: PropertiesLayout = PropertiesLayout {
     size: 792,
     arch_offset: 396,
     compute_units_offset: 336,
+    max_threads_offset: 280,
 };
 
 /// Length of the `name` and `gcnArchName` fields.
@@ -616,7 +620,7 @@ impl Api {
         })
     }
 
-    /// The name and target ID of device `ordinal`.
+    /// What hkload needs to know of device `ordinal`.
     fn device_info(&self, ordinal: c_int) -> Result<DeviceInfo, DriverError> {
         let mut words = vec![0u64; PROPERTIES_BUFFER_WORDS];
         // SAFETY: the buffer is larger than either layout of hipDeviceProp_t and 8-byte
@@ -625,17 +629,11 @@ impl Api {
             (self.get_device_properties)(words.as_mut_ptr().cast(), ordinal)
         })?;
         let bytes: Vec<u8> = words.iter().flat_map(|word| word.to_ne_bytes()).collect();
-        let (name, target, compute_units) =
-            read_properties(&bytes, self.properties).map_err(|detail| DriverError::Call {
+        read_properties(&bytes, self.properties, ordinal as usize).map_err(|detail| {
+            DriverError::Call {
                 call: self.properties.symbol,
                 detail: format!("HIP device {ordinal} {detail}"),
-            })?;
-        Ok(DeviceInfo {
-            ordinal: ordinal as usize,
-            name,
-            shared_memory_per_block: super::shared_memory_limit(&target),
-            target,
-            compute_units,
+            }
         })
     }
 
@@ -687,12 +685,13 @@ fn bind_symbol<F: Copy>((library, path): (&Library, &str), name: &str) -> Result
         })
 }
 
-/// The device name, target ID and compute units in the bytes of a `hipDeviceProp_t` of
-/// `layout`. The error completes a sentence about the device.
+/// Device `ordinal` as the bytes of its `hipDeviceProp_t` of `layout` describe it. The error
+/// completes a sentence about the device.
 fn read_properties(
     bytes: &[u8],
     layout: PropertiesLayout,
-) -> Result<(String, TargetId, u32), String> {
+    ordinal: usize,
+) -> Result<DeviceInfo, String> {
     let field = |offset: usize| {
         bytes
             .get(offset..offset + PROPERTY_STRING_LEN)
@@ -706,12 +705,21 @@ fn read_properties(
             layout.arch_offset
         )
     })?;
-    let compute_units = bytes
-        .get(layout.compute_units_offset..layout.compute_units_offset + 4)
-        .and_then(|b| <[u8; 4]>::try_from(b).ok())
-        .map_or(0, |b| i32::from_ne_bytes(b).max(0) as u32);
+    let int = |offset: usize| {
+        bytes
+            .get(offset..offset + 4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map_or(0, |b| i32::from_ne_bytes(b).max(0) as u32)
+    };
     match arch.parse::<TargetId>() {
-        Ok(target @ TargetId::Amd(_)) => Ok((name, target, compute_units)),
+        Ok(target @ TargetId::Amd(_)) => Ok(DeviceInfo {
+            ordinal,
+            name,
+            target,
+            compute_units: int(layout.compute_units_offset),
+            shared_memory_per_block: super::shared_memory_limit(&target),
+            max_threads_per_block: int(layout.max_threads_offset),
+        }),
         Ok(_) => Err(format!(
             "({name}) reports `{arch}`, which is not an AMD target"
         )),
@@ -760,6 +768,8 @@ mod tests {
         bytes[layout.arch_offset..layout.arch_offset + arch.len()].copy_from_slice(arch);
         bytes[layout.compute_units_offset..layout.compute_units_offset + 4]
             .copy_from_slice(&304i32.to_ne_bytes());
+        bytes[layout.max_threads_offset..layout.max_threads_offset + 4]
+            .copy_from_slice(&1024i32.to_ne_bytes());
         bytes
     }
 
@@ -767,10 +777,12 @@ mod tests {
     fn both_layouts_yield_name_and_target() {
         for layout in [PROPERTIES_R0600, PROPERTIES_R0000] {
             let bytes = properties(layout, "AMD Instinct MI300X", b"gfx942:sramecc+:xnack-");
-            let (name, target, compute_units) = read_properties(&bytes, layout).unwrap();
-            assert_eq!(name, "AMD Instinct MI300X");
-            assert_eq!(compute_units, 304);
-            assert_eq!(target.to_string(), "gfx942:sramecc+:xnack-");
+            let info = read_properties(&bytes, layout, 3).unwrap();
+            assert_eq!(info.ordinal, 3);
+            assert_eq!(info.name, "AMD Instinct MI300X");
+            assert_eq!(info.compute_units, 304);
+            assert_eq!(info.max_threads_per_block, 1024);
+            assert_eq!(info.target.to_string(), "gfx942:sramecc+:xnack-");
         }
     }
 
@@ -778,6 +790,7 @@ mod tests {
     fn layouts_fit_the_buffer_and_their_strings_fit_the_struct() {
         for layout in [PROPERTIES_R0600, PROPERTIES_R0000] {
             assert!(layout.arch_offset + PROPERTY_STRING_LEN <= layout.size);
+            assert!(layout.max_threads_offset + 4 <= layout.size);
             assert!(layout.size <= PROPERTIES_BUFFER_WORDS * 8);
         }
     }
@@ -791,14 +804,14 @@ mod tests {
             (b"sm_90", "not an AMD target"),
         ];
         for (arch, expected) in cases {
-            let error = read_properties(&properties(layout, "GPU", arch), layout).unwrap_err();
+            let error = read_properties(&properties(layout, "GPU", arch), layout, 0).unwrap_err();
             assert!(error.starts_with("(GPU)"), "{error}");
             assert!(error.contains(expected), "{error}");
         }
         let unterminated = properties(layout, "GPU", &[b'x'; PROPERTY_STRING_LEN]);
-        let error = read_properties(&unterminated, layout).unwrap_err();
+        let error = read_properties(&unterminated, layout, 0).unwrap_err();
         assert!(error.contains("byte 1160"), "{error}");
-        let error = read_properties(&[0u8; 100], layout).unwrap_err();
+        let error = read_properties(&[0u8; 100], layout, 0).unwrap_err();
         assert!(error.contains("gcnArchName"), "{error}");
     }
 

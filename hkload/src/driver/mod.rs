@@ -42,6 +42,10 @@ pub struct DeviceInfo {
     /// NVIDIA this is the opt-in maximum (227 KiB on sm_90), which the CUDA driver unlocks per
     /// kernel when a launch asks for more than the default 48 KiB.
     pub shared_memory_per_block: u32,
+    /// The most threads one block may have on the device, as its driver reports it (CUDA's
+    /// `MAX_THREADS_PER_BLOCK` attribute, HIP's `maxThreadsPerBlock` property): a launch is
+    /// checked against it as well as against the code object's own maximum.
+    pub max_threads_per_block: u32,
 }
 
 /// A module loaded on one device.

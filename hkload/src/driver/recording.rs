@@ -35,10 +35,16 @@ pub enum Recorded {
 /// The compute units every simulated device reports (an MI300X's 304; an H100 SXM has 132).
 pub const SIMULATED_COMPUTE_UNITS: u32 = 304;
 
+/// The most threads a block may have on every simulated device, unless
+/// [`RecordingDriver::with_max_threads_per_block`] says otherwise: what CUDA and HIP report for
+/// every GPU hkload supports.
+pub const SIMULATED_MAX_THREADS_PER_BLOCK: u32 = 1024;
+
 /// A stand-in GPU driver for tests. See the module docs.
 #[derive(Debug)]
 pub struct RecordingDriver {
     targets: Vec<TargetId>,
+    max_threads_per_block: u32,
     state: Mutex<State>,
 }
 
@@ -59,11 +65,19 @@ impl RecordingDriver {
     pub fn new(targets: impl IntoIterator<Item = TargetId>) -> Self {
         Self {
             targets: targets.into_iter().collect(),
+            max_threads_per_block: SIMULATED_MAX_THREADS_PER_BLOCK,
             state: Mutex::new(State {
                 next_handle: 1,
                 ..State::default()
             }),
         }
+    }
+
+    /// The same devices reporting `threads` as the most a block may have, as a driver may
+    /// for a device (or a partition of one) smaller than the code objects assume.
+    pub fn with_max_threads_per_block(mut self, threads: u32) -> Self {
+        self.max_threads_per_block = threads;
+        self
     }
 
     /// Everything recorded so far, in order.
@@ -133,6 +147,7 @@ impl Driver for RecordingDriver {
                 target: *target,
                 compute_units: SIMULATED_COMPUTE_UNITS,
                 shared_memory_per_block: super::shared_memory_limit(target),
+                max_threads_per_block: self.max_threads_per_block,
             })
             .collect())
     }
