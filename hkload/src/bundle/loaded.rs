@@ -154,7 +154,10 @@ impl Bundle {
         }
         // The image alone is hashed, not the file: it is every byte that reaches the driver,
         // and a plain bundle is often several times larger than the one image a device needs.
-        // The rest of the file is checked by its format (header, zero padding).
+        // Of the rest of a plain file only the header is read and checked; the other entries
+        // and the zero padding between them are not read at all (that would touch their
+        // pages), so damage there goes unseen here, reaching no driver: a signed bundle's
+        // file is hashed whole above, and `hkpack verify` checks every byte and the padding.
         let check = inner.options.verifies().then(|| ImageCheck {
             expected: expected.digests(),
             what: what(),
