@@ -114,36 +114,43 @@ HK_DEVICE void rmsnorm_quant(Q* __restrict__ out, float* __restrict__ scales,
   });
 }
 
-// Each group of 128 columns of a row takes 16 consecutive lanes, 8 columns each. A lane past
-// the last group still reduces (with zeros), as every lane of its lane group must.
+// Each group of 128 columns of a row takes 16 consecutive lanes, 8 columns each; lane groups
+// stride over the groups (64-bit: rows x groups a row may pass 2^32), so any grid is correct.
 template <typename Q, typename T>
 HK_DEVICE void quant_block(Q* __restrict__ out, float* __restrict__ scales,
                            const T* __restrict__ x, unsigned rows, unsigned cols) {
   const unsigned groups_per_row = (cols + kGroup - 1) / kGroup;
   const unsigned long long groups = static_cast<unsigned long long>(rows) * groups_per_row;
-  const unsigned long long group =
-      static_cast<unsigned long long>(hk::block_idx_x()) * (kBlock / kGroupLanes) +
-      hk::thread_idx_x() / kGroupLanes;
-  const bool live = group < groups;
-  const unsigned row = live ? static_cast<unsigned>(group / groups_per_row) : 0;
-  const unsigned col0 = (live ? static_cast<unsigned>(group % groups_per_row) : 0) * kGroup +
-                        hk::thread_idx_x() % kGroupLanes * kGroupPerLane;
-  const T* xr = x + hk::row_offset(row, cols);
-  float v[kGroupPerLane];
-  float amax = 0.0f;
+  const unsigned long long stride =
+      static_cast<unsigned long long>(hk::grid_dim_x()) * (kBlock / kGroupLanes);
+  // The block's first group, and how often its lane groups go round: all the same number of
+  // times (a lane group past the last group idles), so that every lane of a lane group reduces.
+  const unsigned long long block_first =
+      static_cast<unsigned long long>(hk::block_idx_x()) * (kBlock / kGroupLanes);
+  const unsigned long long rounds = groups > block_first ? (groups - block_first + stride - 1) / stride : 0;
+  unsigned long long group = block_first + hk::thread_idx_x() / kGroupLanes;
+  for (unsigned long long round = 0; round < rounds; ++round, group += stride) {
+    const bool live = group < groups;
+    const unsigned row = live ? static_cast<unsigned>(group / groups_per_row) : 0;
+    const unsigned col0 = (live ? static_cast<unsigned>(group % groups_per_row) : 0) * kGroup +
+                          hk::thread_idx_x() % kGroupLanes * kGroupPerLane;
+    const T* xr = x + hk::row_offset(row, cols);
+    float v[kGroupPerLane];
+    float amax = 0.0f;
 #pragma unroll
-  for (unsigned e = 0; e < kGroupPerLane; ++e) {
-    v[e] = live && col0 + e < cols ? hk::to_float(xr[col0 + e]) : 0.0f;
-    amax = hk::max(amax, hk::abs(v[e]));
+    for (unsigned e = 0; e < kGroupPerLane; ++e) {
+      v[e] = live && col0 + e < cols ? hk::to_float(xr[col0 + e]) : 0.0f;
+      amax = hk::max(amax, hk::abs(v[e]));
+    }
+    const float scale = scale_of<Q>(hk::lanes_reduce<kGroupLanes>(amax, hk::Max{}));
+    if (!live) continue;
+    Q* outr = out + hk::row_offset(row, cols);
+#pragma unroll
+    for (unsigned e = 0; e < kGroupPerLane; ++e)
+      if (col0 + e < cols) outr[col0 + e] = hk::from_float<Q>(v[e] / scale);
+    if (hk::thread_idx_x() % kGroupLanes == 0)
+      scales[static_cast<unsigned long long>(row) * groups_per_row + col0 / kGroup] = scale;
   }
-  const float scale = scale_of<Q>(hk::lanes_reduce<kGroupLanes>(amax, hk::Max{}));
-  if (!live) return;
-  Q* outr = out + hk::row_offset(row, cols);
-#pragma unroll
-  for (unsigned e = 0; e < kGroupPerLane; ++e)
-    if (col0 + e < cols) outr[col0 + e] = hk::from_float<Q>(v[e] / scale);
-  if (hk::thread_idx_x() % kGroupLanes == 0)
-    scales[static_cast<unsigned long long>(row) * groups_per_row + col0 / kGroup] = scale;
 }
 
 }  // namespace

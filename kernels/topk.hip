@@ -309,13 +309,15 @@ template <typename T>
 HK_DEVICE void topk(T* values, int* indices, const T* x, unsigned rows, unsigned n, unsigned k) {
   __shared__ Scratch scratch;
   if (k == 0 || k > kMaxK || k > n || hk::block_dim_x() != kBlock) return;
-  auto at = [](auto* p, unsigned row, unsigned len) { return p + static_cast<unsigned long long>(row) * len; };
+  auto at = [](auto* p, unsigned long long row, unsigned len) { return p + row * len; };
   if (n <= kRowInWave) {
     const unsigned stride = hk::grid_dim_x() * kWaves;
-    for (unsigned r = hk::block_idx_x() * kWaves + hk::wave_id(); r < rows; r += stride)
+    // 64-bit rows: r + stride may pass 2^32 after the last row. (Counting the trips up front,
+    // as hk::for_each_row does, crashed LLVM's AMDGPU backend: an illegal VGPR to SGPR copy.)
+    for (unsigned long long r = hk::block_idx_x() * kWaves + hk::wave_id(); r < rows; r += stride)
       topk_in_wave(at(values, r, k), at(indices, r, k), at(x, r, n), n, k, scratch.wave[hk::wave_id()]);
   } else {
-    for (unsigned r = hk::block_idx_x(); r < rows; r += hk::grid_dim_x())
+    for (unsigned long long r = hk::block_idx_x(); r < rows; r += hk::grid_dim_x())
       topk_in_block(at(values, r, k), at(indices, r, k), at(x, r, n), n, k, scratch.block);
   }
 }

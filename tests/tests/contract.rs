@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use common::*;
 use hkload::abi::{ParamType, ScalarType, ScalarValue};
-use hkload::driver::{LaunchDims, Recorded, RecordingDriver, StreamHandle};
-use hkload::{Arg, Bundle, Device, DeviceBuffer, Error, LaunchError};
+use hkload::driver::{DevicePtr, LaunchDims, Recorded, RecordingDriver, StreamHandle};
+use hkload::{Arg, Bundle, Device, DeviceBuffer, Error, LaunchError, RawPointer};
 
 fn simulated(id: &str) -> (Arc<RecordingDriver>, Device) {
     let driver = Arc::new(RecordingDriver::new([id.parse().unwrap()]));
@@ -970,4 +970,75 @@ fn every_attention_backward_requirement_is_enforced_on_both_sides_of_its_boundar
             "{symbol}"
         );
     }
+}
+
+/// Kernels whose grids grow with their rows (the norms, softmax, per-token and block
+/// quantization, top-k) take every row count a u32 holds, on both vendors: their blocks stride
+/// over the rows, so the grid stops growing at 2^20 blocks instead of passing a device's limit
+/// (2^31 rows of RMSNorm were refused on AMD, u32::MAX rows of top-k everywhere). The buffers
+/// such calls need do not fit in memory, so they are described, not allocated: only the launch
+/// shape is asked for, and nothing is launched.
+#[test]
+fn row_kernels_launch_for_every_row_count() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    const CAP: u32 = 1 << 20;
+    for target in ["sm_90", "gfx942:sramecc+:xnack-"] {
+        let (_, device) = simulated(target);
+        let loaded = bundle.load(&device).unwrap();
+        for rows in [1u64 << 31, u64::from(u32::MAX)] {
+            for (symbol, values) in [
+                ("rmsnorm_bf16", vec![("cols", 64)]),
+                ("fused_add_rmsnorm_f32", vec![("cols", 4096)]),
+                ("layernorm_f16", vec![("cols", 128)]),
+                ("softmax_bf16", vec![("cols", 32)]),
+                ("quant_fp8_per_token_fp8_e4m3fn_bf16", vec![("cols", 512)]),
+                ("quant_fp8_block_fp8_e4m3fnuz_bf16", vec![("cols", 7168)]),
+                ("topk_f32", vec![("n", 64), ("k", 8)]),
+                ("topk_bf16", vec![("n", 4096), ("k", 8)]),
+            ] {
+                let values: Vec<_> = values.into_iter().chain([("rows", rows)]).collect();
+                let args = described_args(&bundle, symbol, &values);
+                let dims = loaded.kernel(symbol).unwrap().launch_shape(&args);
+                let dims = dims.unwrap_or_else(|e| panic!("{symbol}, {rows} rows, {target}: {e}"));
+                assert!(
+                    dims.grid[0] <= CAP && dims.grid[1] == 1 && dims.grid[2] == 1,
+                    "{symbol} with {rows} rows on {target}: grid {:?}",
+                    dims.grid
+                );
+            }
+        }
+    }
+}
+
+/// Arguments for `symbol` whose buffers are described as 2^48 elements at a fake address
+/// (for launch_shape alone, which reads no memory), and whose integer scalars come from
+/// `values` by name (0 when not named).
+fn described_args(bundle: &Bundle, symbol: &str, values: &[(&str, u64)]) -> Vec<Arg<'static>> {
+    let params = bundle.kernel_record(symbol).unwrap().args.clone();
+    params
+        .iter()
+        .map(|param| match param.ty {
+            ParamType::Pointer { pointee, mutable } => {
+                // SAFETY: nothing is launched with these arguments, so no kernel reads or
+                // writes the memory they describe.
+                Arg::Raw(unsafe {
+                    RawPointer::new(DevicePtr(1 << 40), 0, pointee, 1 << 48, mutable)
+                })
+            }
+            ParamType::Scalar(ty) => {
+                let v = values
+                    .iter()
+                    .find(|(n, _)| *n == param.name)
+                    .map_or(0, |(_, v)| *v);
+                Arg::Scalar(match ty {
+                    ScalarType::U32 => ScalarValue::U32(v as u32),
+                    ScalarType::U64 => ScalarValue::U64(v),
+                    ScalarType::I32 => ScalarValue::I32(v as i32),
+                    ScalarType::F32 => ScalarValue::F32(1.0),
+                    other => panic!("no test value for {other}"),
+                })
+            }
+        })
+        .collect()
 }

@@ -30,6 +30,14 @@ HK_DEVICE unsigned long long row_offset(unsigned row, unsigned cols) {
   return static_cast<unsigned long long>(row) * cols;
 }
 
+// The number of indices first, first + stride, ... below end: a grid-stride walk's trip count,
+// counted up front because the index after the last may pass 2^32 and wrap (a walk compared
+// against end then never ends). (A test of end - i against the stride each step made ptxas
+// spill softmax on sm_90.)
+HK_DEVICE unsigned stride_trips(unsigned first, unsigned stride, unsigned end) {
+  return first < end ? (end - first - 1) / stride + 1 : 0;
+}
+
 // ---- Teams ----------------------------------------------------------------------------------
 // The threads that handle one row together: kLanes consecutive threads of a one-dimensional
 // block of kBlock (both powers of two, kLanes <= kBlock), kBlock / kLanes teams per block. A
@@ -277,12 +285,14 @@ HK_DEVICE void walk_rows(unsigned rows, unsigned cols, bool aligned, Body& body)
   if constexpr (TeamT::kBarriers) {
     // The block's teams go round together, the ones past the last row idle, so that all of
     // them reach every barrier of every reduction.
-    for (unsigned base = first; base < rows; base += stride) {
+    unsigned base = first;
+    for (unsigned n = stride_trips(first, stride, rows); n > 0; --n, base += stride) {
       walk.set_idle(base + index >= rows);
       body(walk, base + index);
     }
   } else {
-    for (unsigned r = first + index; r < rows; r += stride) body(walk, r);
+    unsigned r = first + index;
+    for (unsigned n = stride_trips(r, stride, rows); n > 0; --n, r += stride) body(walk, r);
   }
 }
 }  // namespace detail
