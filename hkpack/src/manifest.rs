@@ -5,6 +5,7 @@
 //! Every problem is reported as `file:line:column: what is wrong`, so a user can jump to it.
 
 mod contract;
+mod plausible;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;

@@ -454,6 +454,67 @@ fn contract_errors_are_build_errors_at_their_position() {
     }
 }
 
+/// A contract that refuses every call (a launch no device allows, a requirement that is never
+/// true, arithmetic that always fails) is a build error at the expression that refused the
+/// call the build's search got furthest with, not a bundle whose kernel no one can launch.
+#[test]
+fn contracts_that_refuse_every_call_are_build_errors_at_their_line() {
+    let contract = |block: &str, grid: &str, more: &str| {
+        scale_manifest(
+            ARGS,
+            &format!("block = \"{block}\"\ngrid = \"{grid}\"\n{more}"),
+        )
+    };
+    let cases: Vec<(String, Vec<&str>)> = vec![
+        (
+            contract("256", "4294967296", ""),
+            vec!["scale.toml:10:9", "grid x", "4294967296"],
+        ),
+        (
+            contract("256", "0 - 1", ""),
+            vec!["scale.toml:10:9", "grid x", "-1"],
+        ),
+        (
+            contract("2048", "n", ""),
+            vec!["scale.toml:9:10", "block x", "2048 threads"],
+        ),
+        (contract("0", "n", ""), vec!["scale.toml:9:10", "block x"]),
+        (
+            contract("256", "n", "shared = \"1073741824\"\n"),
+            vec!["scale.toml:11:11", "shared memory", "1073741824 bytes"],
+        ),
+        (
+            contract(
+                "256",
+                "n",
+                "requires = [{ check = \"n < 0\", message = \"never\" }]\n",
+            ),
+            vec!["scale.toml:11:24", "requirement 1", "it is false"],
+        ),
+        (
+            contract("256", "n / (n - n)", ""),
+            vec!["scale.toml:10:9", "grid x", "cannot be computed"],
+        ),
+        (
+            scale_manifest(
+                r#""out: *mut f32 [0 - 1]", "x: *const f32 [n]", "a: f32", "n: u32""#,
+                "block = \"1\"\ngrid = \"n\"\n",
+            ),
+            vec!["scale.toml:7:", "the extent of `out`", "-1"],
+        ),
+    ];
+    for (manifest, expected) in cases {
+        let package = TempPackage::new(&["gfx942"], &[("scale", SCALE_SOURCE, &manifest)]);
+        let error = hkpack::build(&package.options()).unwrap_err().to_string();
+        for part in expected.iter().chain(&["refuses every call"]) {
+            assert!(
+                error.contains(part),
+                "`{part}` not in:\n{error}\n(manifest:\n{manifest})"
+            );
+        }
+    }
+}
+
 /// Arguments are computed with in 64-bit signed integers: a `u64` above `i64::MAX` is refused,
 /// as is a size that overflows on the way, each naming what.
 #[test]

@@ -12,7 +12,7 @@ use hkload::contract::{BindError, Binding, Contract, Expr, Place, Requirement};
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{ManifestError, SourceFile};
+use super::{ManifestError, SourceFile, plausible};
 
 /// A `[module.contract]` or `[kernel.contract]` table.
 #[derive(Debug, Default, Deserialize)]
@@ -206,9 +206,23 @@ pub(super) fn kernel_contract(
         shared: shared_expr,
         extents: bound_extents,
     };
-    contract
+    let program = contract
         .bind(signature)
         .map_err(|e| bind_error(file, symbol, &places, kernel_at, e))?;
+    plausible::check(&program, &contract, signature).map_err(|refusal| {
+        let at = places
+            .iter()
+            .find(|(place, _)| *place == refusal.place)
+            .map_or(kernel_at, |(_, written)| written.at);
+        file.error(
+            at..at,
+            format!(
+                "kernel `{symbol}`: the contract refuses every call tried on every kind of device: \
+                 {} refuses the call that got furthest: {}",
+                refusal.place, refusal.why
+            ),
+        )
+    })?;
     Ok(Some(contract))
 }
 
