@@ -200,7 +200,7 @@ HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, con
 #if HK_SM90A
 // sm_90a, d_qk = d_v <= 128: a warp-specialised wgmma program on hk/tile/pipeline.h's ring.
 // Blocks of 128 queries as on the other targets; warpgroup 0 produces, copying each query
-// block's Q once and its blocks of 128 keys through the ring's stages (cp.async, or element
+// block's Q once and its blocks of kKeys keys through the ring's stages (cp.async, or element
 // copies for unaligned rows); warpgroups 1 and 2 consume, 64 queries each
 // (hk/tile/flash_wgmma.h): S = Q·Kᵀ, the online softmax, O += P·V. A consumer frees a stage once
 // its P·V product is done, and Q once its last scores are: the producer copies the next query
@@ -229,7 +229,9 @@ template <typename T, unsigned kD> struct WgmmaForward {
   };
   static constexpr unsigned kThreads = Ring::kThreads;
   static constexpr unsigned kSharedBytes = sizeof(Shared) + 1024;  // + aligning to 1024
-  // Copies a producer thread keeps in flight before it waits: all but one stage's worth.
+  // Blocks a producer thread's copies may stay in flight behind before it waits for them and
+  // publishes: kStages - 2 at most, or producer and consumers wait for each other (the rule
+  // of hk/tile/pipeline.h's producer).
   static constexpr unsigned kLag = kStages - 2;
 };
 
