@@ -14,7 +14,7 @@
 //! shows the call it got furthest with.
 
 use hkload::abi::{Param, ParamType, ScalarType};
-use hkload::contract::{Contract, EvalError, Expr, Facts, Place, Program, Run};
+use hkload::contract::{Contract, EvalError, Expr, Facts, Place, Program};
 use hkload::driver::LaunchDims;
 
 /// What no device allows, on every target hkload runs on: threads a block (CUDA's and HIP's
@@ -110,14 +110,15 @@ pub(super) fn check(
         .map(|r| arguments_read(&r.check, contract, signature, &integers))
         .collect();
     let mut random = SplitMix(0x5eed_c0de ^ signature.len() as u64);
-    let mut best: Option<(Progress, Refusal)> = None;
+    // The furthest refused call; it is explained (its refusal put in words) once, at the end.
+    let mut best: Option<(Progress, Vec<i64>, &Facts)> = None;
     for facts in &DEVICES {
         for _ in 0..RESTARTS {
             let mut args = vec![0i64; signature.len()];
             for &(i, signed) in &integers {
                 args[i] = random.size(signed);
             }
-            let (mut progress, mut refusal) = evaluate(program, signature, &args, facts);
+            let mut progress = evaluate(program, signature, &args, facts).0;
             for _ in 0..STEPS {
                 if progress == Progress::Accepted || integers.is_empty() {
                     break;
@@ -133,9 +134,9 @@ pub(super) fn check(
                 let (i, signed) = pool[random.below(pool.len())];
                 let before = args[i];
                 args[i] = random.size(signed);
-                let (next, why) = evaluate(program, signature, &args, facts);
+                let next = evaluate(program, signature, &args, facts).0;
                 if next >= progress {
-                    (progress, refusal) = (next, why);
+                    progress = next;
                 } else {
                     args[i] = before;
                 }
@@ -143,14 +144,13 @@ pub(super) fn check(
             if progress == Progress::Accepted {
                 return Ok(());
             }
-            if best.as_ref().is_none_or(|(p, _)| progress > *p) {
-                best = Some((progress, refusal.expect("a refused call says why")));
+            if best.as_ref().is_none_or(|(p, _, _)| progress > *p) {
+                best = Some((progress, args, facts));
             }
         }
     }
-    Err(best
-        .map(|(_, r)| r)
-        .expect("the search evaluates at least one call"))
+    let (_, args, facts) = best.expect("the search evaluates at least one call");
+    Err(explain(program, signature, &args, facts))
 }
 
 /// The integer arguments `expr` reads, directly or through the contract's `let` values.
@@ -174,57 +174,60 @@ fn arguments_read(
     read
 }
 
-/// One call's progress through the contract, and why it stopped where it did.
+/// What stopped a call: an error of the contract's, or a launch no device allows.
+enum Stop {
+    Error(EvalError),
+    Launch(LaunchDims),
+}
+
+/// How far one call gets through the contract, and what stopped it (nothing is put in words
+/// here: the search evaluates thousands of calls, and only the furthest is explained).
 fn evaluate(
     program: &Program,
     signature: &[Param],
     args: &[i64],
     facts: &Facts,
-) -> (Progress, Option<Refusal>) {
+) -> (Progress, Option<Stop>) {
     let mut run = program.run(args, facts);
-    let values = |run: &mut Run<'_>| {
-        let names: Vec<&str> = signature
-            .iter()
-            .filter(|p| !p.ty.is_pointer())
-            .map(|p| p.name.as_str())
-            .collect();
-        run.values(&names)
-    };
     if let Err(error) = run.check_requirements() {
-        let (progress, place) = match &error {
-            EvalError::Unmet { index } => (Progress::Requirements(*index), Place::Requires(*index)),
-            EvalError::Arithmetic { place, .. } | EvalError::OutOfRange { place, .. } => {
-                (Progress::Requirements(0), place.clone())
-            }
+        let progress = match error {
+            EvalError::Unmet { index } => Progress::Requirements(index),
+            _ => Progress::Requirements(0),
         };
-        let why = format!("{} (with {})", describe(&error), values(&mut run));
-        return (progress, Some(Refusal { place, why }));
+        return (progress, Some(Stop::Error(error)));
     }
     let dims = match run.shape() {
         Ok(dims) => dims,
-        Err(error) => {
-            let place = place_of(&error);
-            let why = format!("{} (with {})", describe(&error), values(&mut run));
-            return (Progress::Launch, Some(Refusal { place, why }));
-        }
+        Err(error) => return (Progress::Launch, Some(Stop::Error(error))),
     };
-    if let Some((place, why)) = impossible_launch(&dims) {
-        let why = format!("{why} (with {})", values(&mut run));
-        return (Progress::Launch, Some(Refusal { place, why }));
+    if impossible_launch(&dims).is_some() {
+        return (Progress::Launch, Some(Stop::Launch(dims)));
     }
     for (index, param) in signature.iter().enumerate() {
         if let Err(error) = run.extent(index, &param.name) {
-            let why = format!("{} (with {})", describe(&error), values(&mut run));
-            return (
-                Progress::Extents,
-                Some(Refusal {
-                    place: place_of(&error),
-                    why,
-                }),
-            );
+            return (Progress::Extents, Some(Stop::Error(error)));
         }
     }
     (Progress::Accepted, None)
+}
+
+/// Why a refused call was refused, and where, with the values of its arguments.
+fn explain(program: &Program, signature: &[Param], args: &[i64], facts: &Facts) -> Refusal {
+    let (place, why) = match evaluate(program, signature, args, facts).1 {
+        Some(Stop::Error(error)) => (place_of(&error), describe(&error)),
+        Some(Stop::Launch(dims)) => impossible_launch(&dims).expect("the launch was refused"),
+        None => unreachable!("the explained call was refused"),
+    };
+    let names: Vec<&str> = signature
+        .iter()
+        .filter(|p| !p.ty.is_pointer())
+        .map(|p| p.name.as_str())
+        .collect();
+    let values = program.run(args, facts).values(&names);
+    Refusal {
+        place,
+        why: format!("{why} (with {values})"),
+    }
 }
 
 /// A launch no device allows: where it is written, and why.
