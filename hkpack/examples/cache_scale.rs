@@ -60,6 +60,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             read_only: false,
             timeout: RemoteOptions::DEFAULT_TIMEOUT,
             s3_credentials: None,
+            signer: None,
+            trusted_keys: Vec::new(),
         }),
         compress: false,
         tools: ToolPaths::default(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use hkload::Bundle;
 use hkload::target::TargetId;
-use hkpack::cache::RemoteOptions;
+use hkpack::cache::{RemoteOptions, Signer};
 use hkpack::toolchain::ToolPaths;
 use hkpack::{BuildOptions, inspect, sign, verify};
 
@@ -136,6 +136,21 @@ struct BuildArgs {
     /// goes on without the remote.
     #[arg(long, value_name = "SECONDS", value_parser = seconds)]
     cache_timeout: Option<Duration>,
+    /// Sign every entry this build writes to the remote cache with this secret key file (from
+    /// `hkpack keygen`, as for `hkpack sign`), so that builds trusting its public key
+    /// (--cache-trust) use them.
+    #[arg(long, env = "HKPACK_CACHE_SIGN_KEY", value_name = "KEYFILE")]
+    cache_sign_key: Option<PathBuf>,
+    /// Use only remote cache entries signed by the key of this public key file (a `.pub` from
+    /// `hkpack keygen`); an unsigned or otherwise signed entry is a miss, compiled here, and
+    /// the build warns once. Repeat, or separate files with commas, to trust several keys.
+    #[arg(
+        long,
+        env = "HKPACK_CACHE_TRUST",
+        value_name = "PUBFILE",
+        value_delimiter = ','
+    )]
+    cache_trust: Vec<PathBuf>,
     /// Run every clang and ptxas compile through this command, e.g. `sccache` (words
     /// separated by spaces).
     #[arg(long, env = "HKPACK_COMPILER_LAUNCHER", value_name = "CMD")]
@@ -177,6 +192,17 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
     match cli.command {
         Command::Build(args) => {
+            let signer = args
+                .cache_sign_key
+                .as_deref()
+                .map(sign::read_secret_key)
+                .transpose()?
+                .map(Signer::new);
+            let trusted_keys = args
+                .cache_trust
+                .iter()
+                .map(|path| sign::read_public_key(path))
+                .collect::<Result<Vec<_>, _>>()?;
             let options = BuildOptions {
                 manifests: args.manifests,
                 targets: args.arch,
@@ -191,6 +217,8 @@ fn run(cli: Cli) -> Result<ExitCode, hkpack::Error> {
                     timeout: args.cache_timeout.unwrap_or(RemoteOptions::DEFAULT_TIMEOUT),
                     // The AWS defaults, read by the S3 client itself.
                     s3_credentials: None,
+                    signer,
+                    trusted_keys,
                 }),
                 compress: args.compress,
                 tools: ToolPaths {

@@ -1,5 +1,6 @@
 //! `hkpack keygen` and `hkpack sign`: ed25519 keys in files, and a bundle's signature written
-//! beside its index (the format is hkload's, [`hkload::signing`]).
+//! beside its index (the format is hkload's, [`hkload::signing`]). The same key files sign
+//! and check remote cache entries (`hkpack build --cache-sign-key`, `--cache-trust`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -54,21 +55,36 @@ pub fn keygen(name: &Path) -> Result<PublicKey, Error> {
     Ok(key.public_key())
 }
 
-/// Reads a public key file (`ed25519:` and 64 hex digits).
+/// Reads a public key file (`ed25519:` and 64 hex digits). What a bad one holds is not
+/// repeated: it may be the secret key, given by mistake, and errors end up in CI logs.
 pub fn read_public_key(path: &Path) -> Result<PublicKey, Error> {
     let text = std::fs::read_to_string(path).map_err(|e| key_error(path, e))?;
-    text.trim().parse().map_err(|e| key_error(path, e))
+    text.trim().parse().map_err(|_| {
+        key_error(
+            path,
+            if text.parse::<SecretKey>().is_ok() {
+                "holds a secret key: give the public key, the `.pub` file `hkpack keygen` wrote beside it (and keep this one out of logs and shared folders)"
+            } else {
+                "is not a public key (`ed25519:` and 64 hex digits, the `.pub` file from `hkpack keygen`)"
+            },
+        )
+    })
+}
+
+/// Reads a secret key file (64 hex digits).
+pub fn read_secret_key(path: &Path) -> Result<SecretKey, Error> {
+    let text = std::fs::read_to_string(path).map_err(|e| key_error(path, e))?;
+    text.parse().map_err(|_| {
+        key_error(
+            path,
+            "is not a secret key (64 hex digits, from `hkpack keygen`)",
+        )
+    })
 }
 
 /// Signs the bundle folder `bundle` with the secret key in `key_file`: writes `bundle.sig`.
 pub fn sign(bundle: &Path, key_file: &Path) -> Result<PublicKey, Error> {
-    let text = std::fs::read_to_string(key_file).map_err(|e| key_error(key_file, e))?;
-    let key: SecretKey = text.parse().map_err(|_| {
-        key_error(
-            key_file,
-            "is not a secret key (64 hex digits, from `hkpack keygen`)",
-        )
-    })?;
+    let key = read_secret_key(key_file)?;
     let index_path = bundle.join(INDEX_FILE);
     let index = std::fs::read(&index_path).map_err(|e| key_error(&index_path, e))?;
     // The index must be whole before it is vouched for.

@@ -2,8 +2,8 @@
 //! serving WebDAV, moto's S3 and a folder (a shared mount). A warm remote fills an empty local
 //! cache without compiling and gives the same bundle byte for byte; damaged entries are found,
 //! rebuilt and overwritten; a server that dies mid-build, refuses or never answers costs one
-//! warning and no failure; read-only builds write nothing; and sccache, as the compiler
-//! launcher, caches every compile.
+//! warning and no failure; read-only builds write nothing; builds given trusted keys use only
+//! entries those keys signed; and sccache, as the compiler launcher, caches every compile.
 
 mod common;
 
@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use common::servers::{self, Sccache, Server};
 use common::*;
-use hkpack::cache::RemoteOptions;
+use hkload::signing::{PublicKey, SecretKey};
 use hkpack::cache::remote::{Fetched, Remote};
 use hkpack::cache::storage::S3Credentials;
+use hkpack::cache::{RemoteOptions, Signer};
 use hkpack::{BuildOptions, BuildReport};
 use sha2::{Digest, Sha256};
 
@@ -37,6 +38,8 @@ fn remote(url: &str) -> RemoteOptions {
         read_only: false,
         timeout: RemoteOptions::DEFAULT_TIMEOUT,
         s3_credentials: None,
+        signer: None,
+        trusted_keys: Vec::new(),
     }
 }
 
@@ -355,6 +358,177 @@ fn read_only_reads_but_never_writes() {
     let reader = build_in(&package, "reader", &read_only);
     assert_eq!((reader.compiled, reader.remote_hits), (0, 4), "{reader}");
     assert_eq!(digests(&reader.bundle), digests(&trusted.bundle));
+}
+
+/// The key that signs the store's entries in the signing tests, and another.
+fn key() -> SecretKey {
+    SecretKey::from_seed([0x5e; 32])
+}
+
+fn other_key() -> SecretKey {
+    SecretKey::from_seed([0x0f; 32])
+}
+
+/// `remote` for a build that signs what it writes with `signer` and uses only entries that
+/// `trusted` signed.
+fn signing(
+    remote: &RemoteOptions,
+    signer: Option<SecretKey>,
+    trusted: &[PublicKey],
+) -> RemoteOptions {
+    RemoteOptions {
+        signer: signer.map(Signer::new),
+        trusted_keys: trusted.to_vec(),
+        ..remote.clone()
+    }
+}
+
+/// The entry `path` (a file of the store's folder) read and written back through the
+/// store's own API by a writer holding `key`, or no key: its seal is valid either way.
+fn reseal(remote: &RemoteOptions, shared: &Path, path: &Path, key: Option<SecretKey>) {
+    let name = path.strip_prefix(shared).unwrap().to_str().unwrap();
+    let writer = Remote::open(&signing(remote, key, &[])).unwrap();
+    let Fetched::Payload(payload) = writer.get(name) else {
+        panic!("{name} cannot be read back: {:?}", writer.warnings());
+    };
+    assert!(writer.put(name, &payload), "{:?}", writer.warnings());
+}
+
+/// A writer without the trusted key reseals one entry (unsigned) and signs another with its
+/// own key: both seals hold, so a build without trusted keys uses them as before, but a build
+/// that trusts the key refuses both, in one warning, compiles the two jobs (and succeeds), and
+/// writes them back signed, so the next trusting build reads all four.
+#[test]
+fn entries_resealed_without_the_trusted_key_are_refused_in_one_warning_and_compiled() {
+    let shared = tempfile::tempdir().unwrap();
+    let remote = remote(&format!("file://{}", shared.path().display()));
+    let trusted = [key().public_key()];
+    let package = package();
+    let cold = build_in(&package, "cold", &signing(&remote, Some(key()), &[]));
+    assert_eq!(cold.compiled, 4, "{cold}");
+
+    let objects = files_in(&shared.path().join(LAYOUT).join("objects"));
+    assert_eq!(objects.len(), 4);
+    reseal(&remote, shared.path(), &objects[0], None);
+    reseal(&remote, shared.path(), &objects[1], Some(other_key()));
+
+    // Without trusted keys, nothing changes: the seals hold, every job is read.
+    let open = build_in(&package, "open", &remote);
+    assert_eq!((open.compiled, open.remote_hits), (0, 4), "{open}");
+    assert!(open.warnings.is_empty(), "{:?}", open.warnings);
+
+    let trusting = signing(&remote, Some(key()), &trusted);
+    let checked = build_in(&package, "checked", &trusting);
+    assert_eq!((checked.compiled, checked.remote_hits), (2, 2), "{checked}");
+    assert_eq!(checked.warnings.len(), 1, "{:?}", checked.warnings);
+    let said = &checked.warnings[0];
+    assert!(
+        said.contains("refused 2 entries that no trusted key signed")
+            && said.contains("1 unsigned")
+            && said.contains(&format!(
+                "1 signed by {}, which is not a trusted key",
+                other_key().public_key()
+            ))
+            && said.contains(&format!("written back signed by {}", key().public_key())),
+        "{said}"
+    );
+    let report = checked.remote.as_ref().unwrap();
+    assert_eq!((report.untrusted, report.written_back), (2, 2), "{checked}");
+    assert_eq!(digests(&checked.bundle), digests(&cold.bundle));
+
+    let third = build_in(&package, "third", &trusting);
+    assert_eq!((third.compiled, third.remote_hits), (0, 4), "{third}");
+    assert!(third.warnings.is_empty(), "{:?}", third.warnings);
+}
+
+/// Entries signed by a trusted key, through a real server, are read by a build that trusts
+/// it (any of its trusted keys will do) without compiling, and give the same bundle.
+#[test]
+fn entries_signed_by_a_trusted_key_are_used() {
+    let server = servers::redis();
+    let remote = remote(&format!("redis://127.0.0.1:{}/4", server.port));
+    let package = package();
+    let cold = build_in(&package, "cold", &signing(&remote, Some(key()), &[]));
+    assert_eq!(
+        (cold.compiled, cold.remote.as_ref().unwrap().written_back),
+        (4, 4),
+        "{cold}"
+    );
+
+    // A pull request's build: it trusts the key and holds none, and writes nothing.
+    let reader = RemoteOptions {
+        read_only: true,
+        ..signing(
+            &remote,
+            None,
+            &[other_key().public_key(), key().public_key()],
+        )
+    };
+    let warm = build_in(&package, "warm", &reader);
+    assert_eq!(
+        (warm.compiled, warm.local_hits, warm.remote_hits),
+        (0, 0, 4),
+        "{warm}"
+    );
+    assert!(warm.warnings.is_empty(), "{:?}", warm.warnings);
+    assert_eq!(warm.remote.as_ref().unwrap().untrusted, 0, "{warm}");
+    assert!(
+        warm.to_string().contains("4 from the remote cache"),
+        "{warm}"
+    );
+    assert_eq!(digests(&warm.bundle), digests(&cold.bundle));
+}
+
+/// The signature of one job's entry copied onto another's (whose own signature it replaces):
+/// the key is trusted, but the signature signs the other entry's name and digest. A trusting
+/// build refuses it and compiles the job; the entry the signature came from is still used.
+#[test]
+fn a_signature_copied_from_another_entry_is_refused() {
+    let shared = tempfile::tempdir().unwrap();
+    let remote = remote(&format!("file://{}", shared.path().display()));
+    let package = package();
+    let cold = build_in(&package, "cold", &signing(&remote, Some(key()), &[]));
+    assert_eq!(cold.compiled, 4, "{cold}");
+
+    // An entry ends with its signature: 128 hex digits, after the MessagePack of the field
+    // name and a string of that length.
+    let objects = files_in(&shared.path().join(LAYOUT).join("objects"));
+    let [mut target, source] = [&objects[0], &objects[1]].map(|p| std::fs::read(p).unwrap());
+    let signature_at = |bytes: &[u8]| {
+        let at = bytes.len() - 128;
+        assert!(
+            bytes[..at].ends_with(b"signature\xd9\x80"),
+            "not a signed entry"
+        );
+        at
+    };
+    let at = signature_at(&target);
+    target.truncate(at);
+    target.extend_from_slice(&source[signature_at(&source)..]);
+    std::fs::write(&objects[0], &target).unwrap();
+
+    let trusting = signing(&remote, None, &[key().public_key()]);
+    let checked = build_in(
+        &package,
+        "checked",
+        &RemoteOptions {
+            read_only: true,
+            ..trusting
+        },
+    );
+    assert_eq!((checked.compiled, checked.remote_hits), (1, 3), "{checked}");
+    assert_eq!(checked.warnings.len(), 1, "{:?}", checked.warnings);
+    let said = &checked.warnings[0];
+    assert!(
+        said.contains("refused 1 entry that no trusted key signed")
+            && said.contains(&format!(
+                "1 with a signature by {} that does not match the entry",
+                key().public_key()
+            ))
+            && said.contains("the store is left as it is"),
+        "{said}"
+    );
+    assert_eq!(digests(&checked.bundle), digests(&cold.bundle));
 }
 
 #[test]

@@ -21,7 +21,8 @@
 //! A [`Remote`] store, when given, is the second level: a local miss reads the same two
 //! steps through from it (`deps/<identity>`, then `objects/<key>`, each a checked
 //! [`entry`]), checks the outputs as a local hit's before storing them here, and a compiled
-//! job's outputs are written back to it.
+//! job's outputs are written back to it. Entries written with a [`Signer`] carry its
+//! signature; a build given trusted keys reads only entries one of them signed.
 
 mod contents;
 mod entry;
@@ -38,7 +39,7 @@ use crate::job::{outputs, parse_depfile};
 use crate::staging::{Aside, clean_leftovers};
 
 use remote::Fetched;
-pub use remote::{Remote, RemoteOptions, RemoteReport};
+pub use remote::{Remote, RemoteOptions, RemoteReport, Signer};
 
 /// Bumped whenever the layout or the key's ingredients change, so old entries are not reused
 /// (3: local entries carry their digest; entries of 2 have none to check).
@@ -546,6 +547,58 @@ mod tests {
         assert_eq!(left, [running.path().to_owned(), PathBuf::from(lock)]);
         drop(running);
         assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0);
+    }
+
+    /// Two jobs written to a shared folder by a build holding `key`; then one of them written
+    /// again, unsigned, by a build holding none. A build that trusts `key` reads the signed one,
+    /// refuses the other with one warning for the build, and without trusted keys reads both.
+    #[test]
+    fn a_trusting_cache_reads_only_what_a_trusted_key_signed() {
+        use hkload::signing::SecretKey;
+
+        let root = tempfile::tempdir().unwrap();
+        let base = root.path().join("src");
+        std::fs::create_dir(&base).unwrap();
+        std::fs::write(base.join("k.hip"), "kernel").unwrap();
+        let key = Signer::new(SecretKey::from_seed([3; 32]));
+        let machine = |name: &str, signer: Option<&Signer>, trusted: &[_]| {
+            let remote = Remote::open(&RemoteOptions {
+                url: format!("file://{}", root.path().join("shared").display()),
+                read_only: false,
+                timeout: RemoteOptions::DEFAULT_TIMEOUT,
+                s3_credentials: None,
+                signer: signer.cloned(),
+                trusted_keys: trusted.to_vec(),
+            })
+            .unwrap();
+            Cache::with_remote(&root.path().join(name), Some(remote)).unwrap()
+        };
+        let [signed, resealed] =
+            [["clang 22", "gfx942"], ["clang 22", "gfx90a"]].map(Identity::new);
+        let writer = machine("writer", Some(&key), &[]);
+        stored(&writer, &signed, &base, "k.hip");
+        stored(&writer, &resealed, &base, "k.hip");
+        stored(&machine("keyless", None, &[]), &resealed, &base, "k.hip");
+
+        let trusting = machine("trusting", None, &[key.public_key()]);
+        assert!(matches!(
+            found(&trusting, &signed, &base),
+            Some((_, Level::Remote))
+        ));
+        assert_eq!(found(&trusting, &resealed, &base), None);
+        let (report, warnings) = trusting.remote_report().unwrap();
+        assert_eq!(report.untrusted, 1);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("refused 1 entry that no trusted key signed (1 unsigned"));
+
+        let open = machine("open", None, &[]);
+        for identity in [&signed, &resealed] {
+            assert!(matches!(
+                found(&open, identity, &base),
+                Some((_, Level::Remote))
+            ));
+        }
+        assert_eq!(open.remote_report().unwrap().1, Vec::<String>::new());
     }
 
     #[test]

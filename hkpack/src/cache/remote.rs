@@ -3,7 +3,10 @@
 //!
 //! Nothing that comes back is trusted: every value is a sealed [`entry`](super::entry),
 //! checked against the name it was asked for and its digest; one that fails is reported once,
-//! rebuilt and (unless read-only) overwritten. Nothing here fails a build either: the first
+//! rebuilt and (unless read-only) overwritten. Given a [`Signer`], every entry written is
+//! signed; given trusted keys, an entry none of them signed is a miss too, and the build says
+//! once how many it refused and why (a store of unsigned entries would otherwise bury the
+//! build's output in one warning per entry). Nothing here fails a build either: the first
 //! operation that errs or outlasts the timeout makes the store *unavailable* for the rest of
 //! the build, with one warning, and every job then compiles locally.
 //!
@@ -19,6 +22,8 @@
 //!     read_only: false,
 //!     timeout: RemoteOptions::DEFAULT_TIMEOUT,
 //!     s3_credentials: None,
+//!     signer: None,
+//!     trusted_keys: Vec::new(),
 //! })?;
 //! assert!(remote.put("objects/1234", b"outputs"));
 //! assert!(matches!(remote.get("objects/1234"), Fetched::Payload(p) if p == b"outputs"));
@@ -29,10 +34,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::sync::Mutex;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hkload::signing::{PublicKey, SecretKey};
 use opendal::{ErrorKind, Operator};
 
 use super::entry::{self, Defect};
@@ -50,6 +57,32 @@ pub struct RemoteOptions {
     pub timeout: Duration,
     /// S3 keys; `None` for the AWS defaults (see [`S3Credentials`]).
     pub s3_credentials: Option<S3Credentials>,
+    /// Signs every entry written; `None` writes them unsigned.
+    pub signer: Option<Signer>,
+    /// When not empty, only entries signed by one of these keys are used; any other is a
+    /// miss. Empty: every entry whose seal holds is used, signed or not.
+    pub trusted_keys: Vec<PublicKey>,
+}
+
+/// The secret key that signs remote entries (one of `hkpack keygen`'s, as bundles use);
+/// shared, not copied, by the options that hold it, and shown as its public key alone.
+#[derive(Clone)]
+pub struct Signer(Arc<SecretKey>);
+
+impl Signer {
+    pub fn new(key: SecretKey) -> Self {
+        Self(Arc::new(key))
+    }
+
+    pub fn public_key(&self) -> PublicKey {
+        self.0.public_key()
+    }
+}
+
+impl std::fmt::Debug for Signer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Signer({})", self.public_key())
+    }
 }
 
 impl RemoteOptions {
@@ -71,6 +104,8 @@ pub struct RemoteReport {
     pub bytes_written: u64,
     /// Whether the store stopped answering during the build.
     pub unavailable: bool,
+    /// Entries whose seal held but that no trusted key signed (always 0 without trusted keys).
+    pub untrusted: usize,
 }
 
 /// An open remote store.
@@ -81,12 +116,16 @@ pub struct Remote {
     url: String,
     read_only: bool,
     timeout: Duration,
+    signer: Option<Signer>,
+    trusted_keys: Vec<PublicKey>,
     unavailable: AtomicBool,
     written_back: AtomicU64,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
     /// Said once each, for the build's summary.
     warnings: Mutex<Vec<String>>,
+    /// The entries refused for their signature, counted by why: said in one warning.
+    untrusted: Mutex<BTreeMap<String, usize>>,
 }
 
 impl std::fmt::Debug for Remote {
@@ -104,7 +143,8 @@ pub enum Fetched {
     Payload(Vec<u8>),
     /// No such entry, or the store is unavailable.
     Missing,
-    /// An entry that failed its checks (already warned about): rebuild and overwrite it.
+    /// An entry that failed its checks or no trusted key signed (reported): rebuild and
+    /// overwrite it.
     Defective,
 }
 
@@ -128,15 +168,18 @@ impl Remote {
             url,
             read_only: options.read_only,
             timeout: options.timeout,
+            signer: options.signer.clone(),
+            trusted_keys: options.trusted_keys.clone(),
             unavailable: AtomicBool::new(false),
             written_back: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
             warnings: Mutex::new(Vec::new()),
+            untrusted: Mutex::new(BTreeMap::new()),
         })
     }
 
-    /// The entry at `path`, opened and checked.
+    /// The entry at `path`, opened and checked, and signed by a trusted key if any are.
     pub fn get(&self, path: &str) -> Fetched {
         if self.unavailable.load(Ordering::Relaxed) {
             return Fetched::Missing;
@@ -151,22 +194,37 @@ impl Remote {
         };
         self.bytes_read
             .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        match entry::open(path, &bytes) {
-            Ok(payload) => Fetched::Payload(payload.to_vec()),
+        let opened = match entry::open(path, &bytes) {
+            Ok(opened) => opened,
             Err(defect) => {
                 self.report_defect(path, &defect);
+                return Fetched::Defective;
+            }
+        };
+        if self.trusted_keys.is_empty() {
+            return Fetched::Payload(opened.payload.to_vec());
+        }
+        match opened.check_signature(&self.trusted_keys) {
+            Ok(()) => Fetched::Payload(opened.payload.to_vec()),
+            Err(why) => {
+                *self
+                    .untrusted
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(why.to_string())
+                    .or_default() += 1;
                 Fetched::Defective
             }
         }
     }
 
-    /// Stores `payload` sealed as `path`, unless read-only or unavailable. Returns whether it
-    /// was written.
+    /// Stores `payload` sealed as `path`, and signed if there is a signer, unless read-only or
+    /// unavailable. Returns whether it was written.
     pub fn put(&self, path: &str, payload: &[u8]) -> bool {
         if self.read_only || self.unavailable.load(Ordering::Relaxed) {
             return false;
         }
-        let sealed = entry::seal(path, payload);
+        let sealed = entry::seal(path, payload, self.signer.as_ref().map(|s| &*s.0));
         let length = sealed.len() as u64;
         match self.run(self.operator.write(path, sealed)) {
             Ok(_) => {
@@ -198,15 +256,63 @@ impl Remote {
             bytes_read: self.bytes_read.load(Ordering::Relaxed),
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
             unavailable: self.unavailable.load(Ordering::Relaxed),
+            untrusted: self.untrusted_counts().values().sum(),
         }
     }
 
-    /// What went wrong with the store in this build, once each.
+    /// What went wrong with the store in this build, once each, and the entries refused for
+    /// their signature in one sentence.
     pub fn warnings(&self) -> Vec<String> {
-        self.warnings
+        let mut warnings = self
+            .warnings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        warnings.extend(self.untrusted_warning());
+        warnings
+    }
+
+    fn untrusted_counts(&self) -> BTreeMap<String, usize> {
+        self.untrusted
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// `remote cache …: refused 3 entries no trusted key signed (2 unsigned, 1 signed by …);
+    /// …`, or nothing if none was refused.
+    fn untrusted_warning(&self) -> Option<String> {
+        let counts = self.untrusted_counts();
+        let total: usize = counts.values().sum();
+        if total == 0 {
+            return None;
+        }
+        let why: Vec<String> = counts
+            .iter()
+            .map(|(why, count)| format!("{count} {why}"))
+            .collect();
+        let trusted: Vec<String> = self.trusted_keys.iter().map(ToString::to_string).collect();
+        let (entries, jobs) = if total == 1 {
+            ("entry", "its job was")
+        } else {
+            ("entries", "their jobs were")
+        };
+        let then = match &self.signer {
+            _ if !self.writable() => {
+                "compiled here; the store is left as it is (this build does not write it)".into()
+            }
+            Some(signer) => format!(
+                "compiled here and written back signed by {}",
+                signer.public_key()
+            ),
+            None => "compiled here and written back unsigned (no --cache-sign-key)".into(),
+        };
+        Some(format!(
+            "remote cache {}: refused {total} {entries} that no trusted key signed ({}; trusted: {}); {jobs} {then}; an entry is used once a build given --cache-sign-key with a trusted key writes it",
+            self.url,
+            why.join("; "),
+            trusted.join(", "),
+        ))
     }
 
     fn run<T>(&self, operation: impl Future<Output = opendal::Result<T>>) -> Result<T, Failure> {
