@@ -387,7 +387,7 @@ impl ArgLayout {
             (None, Some((contract, program))) => {
                 let values = self.contract_values(kernel, args)?;
                 let evaluated =
-                    self.check_contract(kernel, contract, program, &values, dims, args)?;
+                    self.check_contract(kernel, contract, program, &values, dims, Some(args))?;
                 let shape = dims
                     .copied()
                     .or(evaluated.shape)
@@ -485,8 +485,41 @@ impl ArgLayout {
         Ok(values)
     }
 
+    /// The elements each parameter must hold for `args` (0 for values), by the contract: its
+    /// requirements and every argument's type are checked, the lengths of the buffers passed
+    /// are not read.
+    pub(crate) fn extents(
+        &self,
+        kernel: &str,
+        device: &Device,
+        args: &[Arg<'_>],
+    ) -> Result<Vec<u64>, LaunchError> {
+        if args.len() != self.slots.len() {
+            return Err(LaunchError::ArgCount {
+                kernel: kernel.to_owned(),
+                expected: self.slots.len(),
+                found: args.len(),
+                signature: self.signature(),
+            });
+        }
+        for slot in &self.slots {
+            let (index, arg) = (slot.index, &args[slot.index]);
+            argument_bytes(slot.ty, arg, device)
+                .map_err(|mismatch| self.mismatch(kernel, device, index, arg, mismatch))?;
+        }
+        let Some((contract, program)) = &self.contract else {
+            return Err(LaunchError::NoContract {
+                kernel: kernel.to_owned(),
+            });
+        };
+        let values = self.contract_values(kernel, args)?;
+        let evaluated = self.check_contract(kernel, contract, program, &values, None, None)?;
+        Ok(evaluated.extents[..self.params.len()].to_vec())
+    }
+
     /// Evaluates the contract for one call: its requirements, the launch shape (unless the
-    /// caller gives one) and every pointer's extent against the memory passed.
+    /// caller gives one) and every pointer's extent, against the memory passed where `args`
+    /// are given.
     fn check_contract(
         &self,
         kernel: &str,
@@ -494,7 +527,7 @@ impl ArgLayout {
         program: &Program,
         values: &[i64],
         dims: Option<&LaunchDims>,
-        args: &[Arg<'_>],
+        args: Option<&[Arg<'_>]>,
     ) -> Result<Evaluated, LaunchError> {
         let values = &values[..self.params.len()];
         let mut run = program.run(values, &self.facts);
@@ -540,7 +573,7 @@ impl ArgLayout {
                 Err(error) => return Err(fail(error, &mut run)),
             }
         }
-        for (index, (param, arg)) in self.params.iter().zip(args).enumerate() {
+        for (index, (param, arg)) in self.params.iter().zip(args.unwrap_or_default()).enumerate() {
             let (needed, given) = (extents[index], arg.len().unwrap_or(0));
             if (given as u64) < needed {
                 let extent = contract

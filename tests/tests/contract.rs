@@ -269,6 +269,53 @@ fn an_empty_grid_launches_nothing() {
     );
 }
 
+/// `Kernel::extents` gives what `call` checks each buffer against, before any buffer of that
+/// size exists: zero-length buffers will do, and one element less than an extent is refused.
+#[test]
+fn extents_are_known_before_the_buffers_exist() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    let (_, device) = simulated("gfx942:sramecc+:xnack-");
+    let loaded = bundle.load(&device).unwrap();
+    let kernel = loaded.kernel("fused_add_rmsnorm_f16").unwrap();
+    let (rows, cols) = (3u32, 4099u32);
+    let empty = Call::new(
+        &bundle,
+        &device,
+        "fused_add_rmsnorm_f16",
+        &[("rows", 3), ("cols", 4099)],
+        0,
+    );
+    let extents = kernel.extents(&empty.args()).unwrap();
+    let (all, row) = (u64::from(rows * cols), u64::from(cols));
+    assert_eq!(extents, [all, all, all, row, 0, 0, 0]);
+    // Buffers of exactly those lengths are called; one element short of any is not.
+    let sized: Vec<DeviceBuffer> = extents[..4]
+        .iter()
+        .map(|&n| device.alloc(ScalarType::F16, n as usize).unwrap())
+        .collect();
+    let short = device.alloc(ScalarType::F16, all as usize - 1).unwrap();
+    let mut args = empty.args();
+    for (arg, buffer) in args.iter_mut().zip(&sized) {
+        *arg = if matches!(arg, Arg::BufferMut(_)) {
+            Arg::BufferMut(buffer)
+        } else {
+            Arg::Buffer(buffer)
+        };
+    }
+    kernel.call(StreamHandle::DEFAULT, &args).unwrap();
+    args[2] = Arg::Buffer(&short);
+    let refused = kernel.call(StreamHandle::DEFAULT, &args).unwrap_err();
+    assert!(
+        matches!(refused, Error::Launch(LaunchError::Extent { index: 2, .. })),
+        "{refused}"
+    );
+    // The contract's requirements still hold, and a value where a buffer belongs is refused.
+    let mut wrong = empty.args();
+    wrong[0] = Arg::Scalar(ScalarValue::U32(1));
+    assert!(kernel.extents(&wrong).is_err());
+}
+
 /// A kernel remembers its last evaluation, so that repeated calls evaluate nothing; that must
 /// never admit a call the contract refuses, nor skip the checks of a caller's own shape.
 #[test]

@@ -61,6 +61,21 @@ fn seeds_from_the_repository_bundle() {
         let opened = Index::open(index.clone(), true).unwrap();
         assert_eq!(opened.manifest().unwrap(), &manifest);
         write("index", &format!("{kind}-{INDEX_FILE}"), &index);
+        // Contract trees as deep as an index may hold them, and past that: the reader must
+        // refuse the second as damage, never recurse into it.
+        for depth in [hkload::contract::MAX_DEPTH, 20_000] {
+            let deep = index_with_contract_depth(&opened, depth);
+            let refused = Index::open(deep.clone(), true)
+                .unwrap()
+                .kernel_record(0)
+                .is_err();
+            assert_eq!(
+                refused,
+                depth > hkload::contract::MAX_DEPTH,
+                "depth {depth}"
+            );
+            write("index", &format!("{kind}-deep-{depth}"), &deep);
+        }
 
         // The index, and the module file it names first, as the `bundle` target reads them.
         let first = read(bundle, &manifest.modules[0].file);
@@ -137,6 +152,37 @@ fn seeds_from_the_repository_bundle() {
         );
         write("contract", &format!("{i:04}"), text.as_bytes());
     }
+}
+
+/// `index` re-encoded with its first kernel's shared-memory expression nested `depth` levels
+/// deep (`-(-(...(size)))`). Encoding walks the tree recursively, so it runs on a thread with
+/// room for that; hkpack never writes such a tree.
+fn index_with_contract_depth(index: &Index, depth: usize) -> Vec<u8> {
+    let manifest = index.manifest().unwrap().clone();
+    let mut abis: Vec<ModuleAbi> = (0..manifest.modules.len())
+        .map(|module| index.module_abi(module).unwrap())
+        .collect();
+    std::thread::Builder::new()
+        .stack_size(1 << 30)
+        .spawn(move || {
+            let contract = abis
+                .iter_mut()
+                .flat_map(|abi| &mut abi.kernels)
+                .find_map(|kernel| kernel.contract.as_mut())
+                .expect("the bundle's kernels have contracts");
+            let mut shared = std::mem::replace(&mut contract.shared, Expr::Int(0));
+            for _ in 1..depth {
+                shared = Expr::Neg(Box::new(shared));
+            }
+            contract.shared = shared;
+            let bytes = Index::encode(&manifest, &abis);
+            // Freeing the tree recurses too: leave it to the big stack.
+            drop(abis);
+            bytes
+        })
+        .unwrap()
+        .join()
+        .unwrap()
 }
 
 /// What `ptxas -v` reports on `ptx`, as hkpack reads it when it builds a cubin.

@@ -520,6 +520,18 @@ impl Kernel {
         }
     }
 
+    /// The elements each parameter must hold for a call with `args` (by parameter, 0 for
+    /// values), as the kernel's contract computes them: what [`Kernel::call`] checks every
+    /// buffer against, to size outputs before allocating them. The arguments' types and the
+    /// contract's requirements are checked; the buffers' lengths are not read (zero will do).
+    pub fn extents(&self, args: &[Arg<'_>]) -> Result<Vec<u64>, Error> {
+        let inner = &*self.inner;
+        inner
+            .layout
+            .extents(&inner.name, &inner.module.device, args)
+            .map_err(Error::Launch)
+    }
+
     /// Launches the kernel with explicit dimensions, for experts: the arguments are checked
     /// against the signature, and, where the kernel has a contract, against its preconditions
     /// and extents; `dims` against the code object's and the device's limits. Nothing reaches
