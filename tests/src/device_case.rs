@@ -8,6 +8,21 @@ use hkload::abi::ScalarValue;
 use hkload::driver::StreamHandle;
 use hkload::{Arg, Device, DeviceBuffer, Kernel};
 
+/// How long each buffer of a case is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sizing {
+    /// As long as the case's data: an output may be longer than what the kernel writes, and
+    /// the poison there must survive.
+    Case,
+    /// Exactly the extent the kernel's contract gives for the call, with nothing around it, so
+    /// that a tool checking every access against its allocation (compute-sanitizer's memcheck)
+    /// proves that the contract covers all the kernel touches. Elements of the case's data
+    /// past an extent are left out (an output's read back as the poison: they do not exist);
+    /// a buffer whose extent exceeds the case's data keeps the data's length, and the call
+    /// refuses it.
+    Exact,
+}
+
 /// A case's arguments on a device, in the case's order.
 pub struct CaseBuffers {
     slots: Vec<Slot>,
@@ -17,6 +32,8 @@ enum Slot {
     Buffer {
         buffer: DeviceBuffer,
         writable: bool,
+        /// Elements the case's data has (the buffer may be shorter: [`Sizing::Exact`]).
+        len: usize,
     },
     Scalar(ScalarValue),
 }
@@ -25,20 +42,46 @@ impl CaseBuffers {
     /// Uploads the case's inputs and fills its outputs with [`POISON_BYTE`], so an element the
     /// kernel does not write cannot pass.
     pub fn upload(device: &Device, case: &Case) -> Result<Self, hkload::Error> {
+        Self::upload_cut(device, case, &vec![u64::MAX; case.args.len()])
+    }
+
+    /// [`CaseBuffers::upload`] with each buffer as [`Sizing`] says: `Exact` asks `kernel`'s
+    /// contract for the extents of the case's call.
+    pub fn upload_sized(
+        device: &Device,
+        kernel: &Kernel,
+        case: &Case,
+        sizing: Sizing,
+    ) -> Result<Self, hkload::Error> {
+        let full = Self::upload(device, case)?;
+        match sizing {
+            Sizing::Case => Ok(full),
+            Sizing::Exact => {
+                let extents = kernel.extents(&full.args())?;
+                drop(full);
+                Self::upload_cut(device, case, &extents)
+            }
+        }
+    }
+
+    /// Uploads the case with buffer `i` cut to at most `limits[i]` elements.
+    fn upload_cut(device: &Device, case: &Case, limits: &[u64]) -> Result<Self, hkload::Error> {
         let mut slots = Vec::with_capacity(case.args.len());
-        for arg in &case.args {
+        for (arg, &limit) in case.args.iter().zip(limits) {
+            let cut = |len: usize| usize::try_from(limit).map_or(len, |limit| len.min(limit));
             slots.push(match arg {
-                CaseArg::Input { elem, data, .. } => Slot::Buffer {
-                    buffer: device.upload(*elem, &encode(*elem, data))?,
-                    writable: false,
-                },
-                CaseArg::InOut { elem, data, .. } => Slot::Buffer {
-                    buffer: device.upload(*elem, &encode(*elem, data))?,
-                    writable: true,
-                },
+                CaseArg::Input { elem, data, .. } | CaseArg::InOut { elem, data, .. } => {
+                    Slot::Buffer {
+                        buffer: device.upload(*elem, &encode(*elem, &data[..cut(data.len())]))?,
+                        writable: matches!(arg, CaseArg::InOut { .. }),
+                        len: data.len(),
+                    }
+                }
                 CaseArg::Output { elem, len, .. } => Slot::Buffer {
-                    buffer: device.upload(*elem, &vec![POISON_BYTE; len * elem.size() as usize])?,
+                    buffer: device
+                        .upload(*elem, &vec![POISON_BYTE; cut(*len) * elem.size() as usize])?,
                     writable: true,
+                    len: *len,
                 },
                 CaseArg::Scalar(value) => Slot::Scalar(*value),
             });
@@ -54,6 +97,7 @@ impl CaseBuffers {
                 Slot::Buffer {
                     buffer,
                     writable: false,
+                    ..
                 } => Arg::Buffer(buffer),
                 Slot::Buffer { buffer, .. } => Arg::BufferMut(buffer),
                 Slot::Scalar(value) => Arg::Scalar(*value),
@@ -62,7 +106,8 @@ impl CaseBuffers {
     }
 
     /// The decoded contents of every writable buffer (`None` for the other arguments), as
-    /// [`Case::check`] takes them.
+    /// [`Case::check`] takes them: as long as the case's data, elements past a buffer cut to
+    /// its extent read as the poison.
     pub fn outputs(&self) -> Result<Vec<Option<Vec<f64>>>, hkload::Error> {
         let mut outputs = Vec::with_capacity(self.slots.len());
         for slot in &self.slots {
@@ -70,7 +115,12 @@ impl CaseBuffers {
                 Slot::Buffer {
                     buffer,
                     writable: true,
-                } => Some(decode(buffer.elem(), &buffer.to_bytes()?)),
+                    len,
+                } => {
+                    let mut bytes = buffer.to_bytes()?;
+                    bytes.resize(len * buffer.elem().size() as usize, POISON_BYTE);
+                    Some(decode(buffer.elem(), &bytes))
+                }
                 _ => None,
             });
         }
@@ -86,31 +136,41 @@ pub struct Judged {
     pub worst: Option<f64>,
 }
 
-/// Uploads the case, calls the kernel with its arguments alone (its contract gives the launch
-/// shape and checks every buffer), waits, reads the outputs back and judges them. `Err` when
-/// hkload or the driver failed.
-pub fn run_case(device: &Device, kernel: &Kernel, case: &Case) -> Result<Judged, hkload::Error> {
-    let buffers = CaseBuffers::upload(device, case)?;
-    let args = buffers.args();
-    match case.grid {
-        [None, None, None] => kernel.call(StreamHandle::DEFAULT, &args)?,
-        grid => {
-            let mut dims = kernel.launch_shape(&args)?;
-            for (axis, blocks) in dims.grid.iter_mut().zip(grid) {
-                *axis = blocks.unwrap_or(*axis);
-            }
-            // SAFETY: the contract's own shape with other block counts, which the case sets only
-            // on axes where the kernel's contract says any count is correct; hkload still
-            // checks every extent.
-            unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, &args) }?;
-        }
-    }
+/// Uploads the case with buffers as `sizing` says, calls the kernel with its arguments alone
+/// (its contract gives the launch shape and checks every buffer), waits, reads the outputs back
+/// and judges them. `Err` when hkload or the driver failed.
+pub fn run_case(
+    device: &Device,
+    kernel: &Kernel,
+    case: &Case,
+    sizing: Sizing,
+) -> Result<Judged, hkload::Error> {
+    let buffers = CaseBuffers::upload_sized(device, kernel, case, sizing)?;
+    launch_case(kernel, case, &buffers.args())?;
     device.synchronize()?;
     let outputs = buffers.outputs()?;
     Ok(Judged {
         verdict: case.check(&outputs),
         worst: worst_error(case, &outputs),
     })
+}
+
+/// Launches the case's call on the default stream: with its arguments alone, or, where the case
+/// sets block counts of its own, the contract's shape with those.
+pub fn launch_case(kernel: &Kernel, case: &Case, args: &[Arg<'_>]) -> Result<(), hkload::Error> {
+    match case.grid {
+        [None, None, None] => kernel.call(StreamHandle::DEFAULT, args),
+        grid => {
+            let mut dims = kernel.launch_shape(args)?;
+            for (axis, blocks) in dims.grid.iter_mut().zip(grid) {
+                *axis = blocks.unwrap_or(*axis);
+            }
+            // SAFETY: the contract's own shape with other block counts, which the case sets only
+            // on axes where the kernel's contract says any count is correct; hkload still
+            // checks every extent.
+            unsafe { kernel.launch(&dims, StreamHandle::DEFAULT, args) }
+        }
+    }
 }
 
 /// The largest `|got − want|` over the tolerance `abs + rel·|want|` among the case's outputs

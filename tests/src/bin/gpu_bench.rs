@@ -47,7 +47,7 @@ use hkload::{Arg, Bundle, Device, OpenOptions};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use hk_tests::device_case::{CaseBuffers, run_case};
+use hk_tests::device_case::{CaseBuffers, Sizing, run_case};
 use hk_tests::timing::Stats;
 
 const USAGE: &str = "usage: gpu_bench <bundle folder> [--kernel NAME]";
@@ -163,7 +163,7 @@ fn run() -> Result<bool, String> {
 
     let loaded = bundle.load(&device).map_err(text)?;
     let kernel = loaded.kernel(&case.kernel).map_err(text)?;
-    let judged = run_case(&device, &kernel, &case).map_err(text)?;
+    let judged = run_case(&device, &kernel, &case, Sizing::Case).map_err(text)?;
     if let Err(mismatch) = judged.verdict {
         println!("check: FAIL, the kernel computes wrong results: {mismatch}");
         return Ok(false);

@@ -2,14 +2,18 @@
 //! compared with the f64 references of [`hk_tests::kernels`] on fresh random inputs.
 //!
 //! ```text
-//! gpu_parity <bundle folder> [--seed N] [--only PREFIX]
+//! gpu_parity <bundle folder> [--seed N] [--only PREFIX] [--exact-extents]
 //! ```
 //!
 //! Prints the device, the code object chosen for each module, the seed (pass it back with
 //! `--seed` to repeat a run), one line per kernel (cases passed, worst error as a fraction of
 //! the tolerance) with a line per failed case, and last `N passed, M failed`, counting cases
 //! and every kernel of the bundle that has no case. `--only` runs the kernels whose symbols
-//! start with PREFIX alone (for a slow instrument such as `compute-sanitizer`). Exits with 1
+//! start with PREFIX alone (for a slow instrument such as `compute-sanitizer`).
+//! `--exact-extents` allocates every buffer at exactly the extent the kernel's contract gives
+//! for its case, with no room around it: under `compute-sanitizer --tool memcheck` (which
+//! checks each access against its allocation's exact size) a pass proves that the contracts'
+//! extents cover everything the kernels touch. Exits with 1
 //! when anything failed, 2 when the suite could not start.
 
 use std::path::PathBuf;
@@ -24,9 +28,10 @@ use hkload::{Bundle, Device, LoadedBundle};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use hk_tests::device_case::{CaseBuffers, run_case};
+use hk_tests::device_case::{CaseBuffers, Sizing, run_case};
 
-const USAGE: &str = "usage: gpu_parity <bundle folder> [--seed N] [--only PREFIX]";
+const USAGE: &str =
+    "usage: gpu_parity <bundle folder> [--seed N] [--only PREFIX] [--exact-extents]";
 
 /// Failed cases shown per kernel; the rest are counted.
 const SHOWN_FAILURES: usize = 3;
@@ -46,12 +51,14 @@ struct Options {
     bundle: PathBuf,
     seed: Option<u64>,
     only: Option<String>,
+    sizing: Sizing,
 }
 
 fn parse_args() -> Result<Options, String> {
     let mut bundle = None;
     let mut seed = None;
     let mut only = None;
+    let mut sizing = Sizing::Case;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -70,6 +77,7 @@ fn parse_args() -> Result<Options, String> {
                         .ok_or(format!("--only needs a symbol prefix\n{USAGE}"))?,
                 );
             }
+            "--exact-extents" => sizing = Sizing::Exact,
             "-h" | "--help" => return Err(USAGE.into()),
             _ if bundle.is_none() && !arg.starts_with('-') => bundle = Some(PathBuf::from(arg)),
             _ => return Err(format!("unexpected argument `{arg}`\n{USAGE}")),
@@ -79,6 +87,7 @@ fn parse_args() -> Result<Options, String> {
         bundle: bundle.ok_or(USAGE)?,
         seed,
         only,
+        sizing,
     })
 }
 
@@ -123,6 +132,9 @@ fn run() -> Result<bool, String> {
 
     let seed = options.seed.unwrap_or_else(rand::random);
     println!("seed {seed} (repeat with --seed {seed})");
+    if options.sizing == Sizing::Exact {
+        println!("every buffer allocated at exactly its contract extent");
+    }
     let selected = |symbol: &str| {
         options
             .only
@@ -147,7 +159,7 @@ fn run() -> Result<bool, String> {
             println!("SKIP {symbol}: {error}");
             continue;
         }
-        let report = run_kernel(&loaded, symbol, &kernel_cases);
+        let report = run_kernel(&loaded, symbol, &kernel_cases, options.sizing);
         passed += report.passed;
         failed += report.failures.len();
         println!("{report}");
@@ -251,7 +263,12 @@ impl std::fmt::Display for KernelReport<'_> {
     }
 }
 
-fn run_kernel<'a>(loaded: &LoadedBundle, symbol: &'a str, cases: &[&Case]) -> KernelReport<'a> {
+fn run_kernel<'a>(
+    loaded: &LoadedBundle,
+    symbol: &'a str,
+    cases: &[&Case],
+    sizing: Sizing,
+) -> KernelReport<'a> {
     let mut report = KernelReport {
         kernel: symbol,
         cases: cases.len(),
@@ -270,7 +287,7 @@ fn run_kernel<'a>(loaded: &LoadedBundle, symbol: &'a str, cases: &[&Case]) -> Ke
         }
     };
     for case in cases {
-        match run_case(loaded.device(), &kernel, case) {
+        match run_case(loaded.device(), &kernel, case, sizing) {
             Ok(judged) => {
                 if let Some(worst) = judged.worst {
                     report.worst = Some(report.worst.map_or(worst, |w| w.max(worst)));
