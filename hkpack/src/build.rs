@@ -158,6 +158,7 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
         .targets
         .clone()
         .unwrap_or_else(|| package.targets.clone());
+    package.check_code_object_versions(&targets)?;
     hkload::target::check_composition(&targets)?;
     let toolchain = Toolchain::discover(&options.tools)?;
     toolchain.check_targets(&targets)?;

@@ -34,7 +34,11 @@ pub struct Package {
     pub targets: Vec<TargetId>,
     /// The AMD code-object version of targets not in `code_object_versions`.
     pub code_object_version: u32,
-    /// Targets with a code-object version of their own (generic targets need 6).
+    /// Where `amd_code_object_version` is written in `package.toml`, for messages:
+    /// `(line, column)`.
+    pub code_object_version_at: (usize, usize),
+    /// AMD targets with a code-object version of their own (generic targets need 6), whether
+    /// among `targets` or built on request only (`--arch gfx9-4-generic`).
     pub code_object_versions: BTreeMap<TargetId, u32>,
     pub include_dirs: Vec<PathBuf>,
     pub modules: Vec<Module>,
@@ -295,31 +299,20 @@ impl Package {
         let mut code_object_versions = BTreeMap::new();
         for (target, version) in &raw.amd_code_object_versions {
             let id = file.target(target)?;
-            if !targets.contains(&id) {
+            let TargetId::Amd(amd) = id else {
                 return Err(file.error(
                     target.span(),
-                    format!(
-                        "{id} has a code-object version but is not among the package's targets"
-                    ),
+                    format!("{id} is an NVIDIA target, which has no AMD code-object version; remove it from amd_code_object_versions"),
                 ));
-            }
-            code_object_versions.insert(id, check_version(version)?);
-        }
-        // clang refuses generic targets below code object 6: say so here, with the fix.
-        for target in &targets {
-            let generic = matches!(target, TargetId::Amd(amd) if amd.processor().is_generic());
-            let version = code_object_versions
-                .get(target)
-                .copied()
-                .unwrap_or(code_object_version);
-            if generic && version < 6 {
+            };
+            let checked = check_version(version)?;
+            if amd.processor().is_generic() && checked < 6 {
                 return Err(file.error(
-                    raw.targets.span(),
-                    format!(
-                        "{target} is a generic target, which needs code object version 6 (ROCm 6.3+); add `amd_code_object_versions = {{ \"{target}\" = 6 }}`"
-                    ),
+                    version.span(),
+                    format!("{id} is a generic target, which needs code object version 6 (ROCm 6.3+); give it 6"),
                 ));
             }
+            code_object_versions.insert(id, checked);
         }
         let include_dirs = raw
             .include_dirs
@@ -327,22 +320,56 @@ impl Package {
             .map(|d| file.existing_path(d, "include folder"))
             .collect::<Result<_, _>>()?;
 
+        // The targets a module may skip: those built by default, and those given a
+        // code-object version of their own, which the package is ready to build on request.
+        let mut known = targets.clone();
+        known.extend(
+            code_object_versions
+                .keys()
+                .filter(|target| !targets.contains(target)),
+        );
         let modules = module_files(dir)?
             .iter()
-            .map(|path| Module::load(path, &targets))
+            .map(|path| Module::load(path, &known))
             .collect::<Result<Vec<_>, _>>()?;
         check_unique_names(&modules)?;
         check_unique_symbols(&modules)?;
-        Ok(Self {
+        let at = file.error(raw.amd_code_object_version.span(), "");
+        let package = Self {
             dir: dir.to_owned(),
             name: name.clone(),
             version,
             targets,
             code_object_version,
+            code_object_version_at: (at.line, at.column),
             code_object_versions,
             include_dirs,
             modules,
-        })
+        };
+        package.check_code_object_versions(&package.targets)?;
+        Ok(package)
+    }
+
+    /// Fails, before anything is compiled, when one of `targets` (the build's: the default
+    /// ones or `--arch`'s) is a generic target built with a code-object version below 6: clang
+    /// would fail in its back end once per module. The error names the setting that fixes it.
+    pub fn check_code_object_versions(&self, targets: &[TargetId]) -> Result<(), ManifestError> {
+        for target in targets {
+            let generic = matches!(target, TargetId::Amd(amd) if amd.processor().is_generic());
+            let version = self.code_object_version_for(target);
+            if generic && version < 6 {
+                let (line, column) = self.code_object_version_at;
+                return Err(ManifestError {
+                    path: self.dir.join(PACKAGE_FILE),
+                    line,
+                    column,
+                    message: format!(
+                        "{target} is a generic target, which needs code object version 6 (ROCm 6.3+), but this package builds it with version {version}; add `amd_code_object_versions = {{ \"{target}\" = 6 }}` to [package] in {PACKAGE_FILE}"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The AMD code-object version `target` is built with.
@@ -395,7 +422,8 @@ fn module_files(dir: &Path) -> Result<Vec<PathBuf>, ManifestError> {
 }
 
 impl Module {
-    /// Reads the module manifest at `path`, of a package that builds `targets`.
+    /// Reads the module manifest at `path`, of a package that can build `targets` (its
+    /// default ones and those it gives a code-object version of their own).
     fn load(path: &Path, targets: &[TargetId]) -> Result<Self, ManifestError> {
         let file = SourceFile::read(path)?;
         let raw: RawModuleFile = file.parse()?;
@@ -523,7 +551,7 @@ impl Module {
                 return Err(file.error(
                     target.span(),
                     format!(
-                        "module `{name}` skips {id}, which is not among the package's targets ({}); remove it from skip_targets or add it to `targets` in {PACKAGE_FILE}",
+                        "module `{name}` skips {id}, which is not among the package's targets ({}); remove it from skip_targets, or add it to `targets` in {PACKAGE_FILE} (or, for an AMD target built only with `--arch`, to `amd_code_object_versions` there)",
                         listed.join(", ")
                     ),
                 ));

@@ -125,6 +125,8 @@ template <typename T> inline constexpr bool kHardware = Fp8Traits<T>::kFnuz;
 #elif defined(__gfx950__) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890)
 template <typename T> inline constexpr bool kHardware = !Fp8Traits<T>::kFnuz;
 #else
+// gfx9-4-generic among them: its code runs on gfx942 and gfx950, whose one conversion
+// instruction reads FNUZ on the first and OCP on the second.
 template <typename T> inline constexpr bool kHardware = false;
 #endif
 

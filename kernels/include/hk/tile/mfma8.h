@@ -12,6 +12,12 @@
 // computing garbage. The 16x16x64 i8 form is used on gfx950 over 32x32 for the reasons
 // hk/tile/mfma.h gives.
 //
+// gfx9-4-generic (clang defines __gfx9_4_generic__, neither __gfx942__ nor __gfx950__) is code
+// that runs on gfx942 and gfx950 alike, so it may use only what both execute the same way: the
+// i8 atom takes v_mfma_i32_16x16x32_i8, which both have (gfx942 dropped gfx90a's 16x16x16i8),
+// and there is no FP8 atom, the one FP8 instruction meaning FNUZ on one and OCP on the other
+// (the FP8 GEMM modules skip the target, saying so).
+//
 // Lane layouts (the same guides): with kPerLane = kK / 4 bytes a lane,
 //   A (16 x kK)   lane l holds row l % 16, kPerLane k values of k block l / 16
 //   B (kK x 16)   lane l holds column l % 16, the same k values
@@ -33,7 +39,7 @@ template <> struct Mfma8<i8> {
 #if defined(__gfx950__)
   static constexpr unsigned kK = 64;
   using Operand = int __attribute__((ext_vector_type(4)));
-#elif defined(__gfx942__)
+#elif defined(__gfx942__) || defined(__gfx9_4_generic__)
   static constexpr unsigned kK = 32;
   using Operand = long;
 #else
@@ -44,7 +50,7 @@ template <> struct Mfma8<i8> {
   static HK_DEVICE Acc mma(Operand a, Operand b, Acc c) {
 #if defined(__gfx950__)
     return __builtin_amdgcn_mfma_i32_16x16x64_i8(a, b, c, 0, 0, 0);
-#elif defined(__gfx942__)
+#elif defined(__gfx942__) || defined(__gfx9_4_generic__)
     return __builtin_amdgcn_mfma_i32_16x16x32_i8(a, b, c, 0, 0, 0);
 #else
     return __builtin_amdgcn_mfma_i32_16x16x16i8(a, b, c, 0, 0, 0);
