@@ -50,11 +50,12 @@ MFMA_OPCODE = {"gfx942": (0xD3E1, 0xD3CD), "gfx950": (0xD3B5, 0xD3D4)}
 
 
 def skip(reason):
-    print(f"gemm_emu: SKIPPED: {reason}")
+    script = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+    print(f"{script}: SKIPPED: {reason}")
     sys.exit(0)
 
 
-def load_emulator():
+def load_emulator(needs_hkload=True):
     tree = os.environ.get("HK_TINYGRAD")
     if not tree:
         skip("set HK_TINYGRAD to a tinygrad source tree (its test/mockgpu/amd is the emulator)")
@@ -65,7 +66,12 @@ def load_emulator():
     except ImportError:
         skip("the emulator needs numpy")
     try:
-        import hkload  # noqa: F401
+        import yaml  # noqa: F401
+    except ImportError:
+        skip("reading the code objects' metadata needs PyYAML (pip install pyyaml)")
+    try:
+        if needs_hkload:
+            import hkload  # noqa: F401
     except ImportError:
         skip("the launch shapes come from the kernels' contracts through hkload's Python package (scripts/setup installs it in .venv)")
     if not (shutil.which("clang") and shutil.which("ld.lld")):
@@ -190,6 +196,24 @@ def from_bits(np, bits, ty):
 def launch(run_asm, co, meta, name, grid, block, explicit):
     """Runs kernel `name` over grid x block with explicit argument values (ints: pointers and
     integers, by the metadata's sizes)."""
+    values = iter(explicit)
+
+    def write(kernarg_addr):
+        for offset, size, kind in meta[name]["args"]:
+            if kind in ("global_buffer", "by_value"):
+                value = next(values)
+                ctypes.memmove(kernarg_addr + offset, int(value).to_bytes(size, "little", signed=value < 0), size)
+
+    dispatch(run_asm, co, meta, name, grid, block, write)
+
+
+def dispatch(run_asm, co, meta, name, grid, block, write_explicit, regions=None):
+    """Runs kernel `name` over grid x block (blocks counted per dimension, a block's threads per
+    dimension; missing dimensions are 1): write_explicit(address) writes the explicit arguments
+    into the kernel argument segment, this adds the hidden ones of code object v5, the dispatch
+    packet and the user SGPRs. `regions`, where given, gets (what, address, bytes) of the
+    argument segment and the packet: memory the kernel may read besides its buffers."""
+    grid, block = (tuple(grid) + (1, 1, 1))[:3], (tuple(block) + (1, 1, 1))[:3]
     kd_addr = co.symbols()[f"{name}.kd"][0]
     kd = ctypes.string_at(co.base + kd_addr, 64)
     lds_size, private_size = struct.unpack_from("<II", kd, 0)
@@ -200,22 +224,25 @@ def launch(run_asm, co, meta, name, grid, block, explicit):
     rsrc2 = (rsrc2 & ~(0x1FF << 15)) | (((lds_size + 511) // 512) << 15)
     properties, = struct.unpack_from("<H", kd, 56)
     info = meta[name]
-    kernarg = ctypes.create_string_buffer(max(info["kernarg_size"], 256) + 64)
+    kernarg_bytes = max(info["kernarg_size"], 256)
+    kernarg = ctypes.create_string_buffer(kernarg_bytes + 64)
     kernarg_addr = (ctypes.addressof(kernarg) + 63) & ~63
     hidden = {"hidden_block_count_x": grid[0], "hidden_block_count_y": grid[1], "hidden_block_count_z": grid[2],
-              "hidden_group_size_x": block[0], "hidden_group_size_y": 1, "hidden_group_size_z": 1,
+              "hidden_group_size_x": block[0], "hidden_group_size_y": block[1], "hidden_group_size_z": block[2],
               "hidden_remainder_x": 0, "hidden_remainder_y": 0, "hidden_remainder_z": 0,
               "hidden_grid_dims": 3 if grid[2] > 1 else (2 if grid[1] > 1 else 1)}
-    values = iter(explicit)
+    write_explicit(kernarg_addr)
     for offset, size, kind in info["args"]:
-        if kind in ("global_buffer", "by_value"):
-            value = next(values)
-        else:
+        if kind not in ("global_buffer", "by_value"):
             value = hidden.get(kind, 0)
-        ctypes.memmove(kernarg_addr + offset, int(value).to_bytes(size, "little", signed=value < 0), size)
+            ctypes.memmove(kernarg_addr + offset, int(value).to_bytes(size, "little", signed=value < 0), size)
     # A dispatch packet for code that reads one (sizes as the hardware's AQL packet holds them).
     packet = ctypes.create_string_buffer(64)
-    struct.pack_into("<HHHHHHIII", packet, 0, 0, 3, block[0], 1, 1, 0, grid[0] * block[0], grid[1], grid[2])
+    struct.pack_into("<HHHHHHIII", packet, 0, 0, 3, block[0], block[1], block[2], 0,
+                     grid[0] * block[0], grid[1] * block[1], grid[2] * block[2])
+    if regions is not None:
+        regions += [("the kernel arguments", kernarg_addr, kernarg_bytes),
+                    ("the dispatch packet", ctypes.addressof(packet), 64)]
     user = []
     for bit, what, count in USER_SGPRS:
         if properties & (1 << bit):
@@ -224,7 +251,7 @@ def launch(run_asm, co, meta, name, grid, block, explicit):
     user_count = (rsrc2 >> 1) & 0x1F
     assert len(user) == user_count, f"{name}: {len(user)} user SGPRs built, rsrc2 says {user_count}"
     entry = co.base + kd_addr + entry_offset
-    run_asm(entry, co.size - (kd_addr + entry_offset), grid[0], grid[1], grid[2], block[0], 1, 1,
+    run_asm(entry, co.size - (kd_addr + entry_offset), grid[0], grid[1], grid[2], block[0], block[1], block[2],
             kernarg_addr, rsrc2=rsrc2, scratch_size=private_size, arch="cdna", user_data=user)
 
 

@@ -82,10 +82,28 @@ pub fn llvm_tool(name: &str) -> PathBuf {
 /// with the repository's package manifest and the named module manifests (`"gemm.toml"`), and
 /// its kernels folder linked in. Returns the bundle folder.
 pub fn build_repo_modules(dir: &Path, manifests: &[&str], targets: &[&str]) -> PathBuf {
+    let files: Vec<(&str, String)> = manifests
+        .iter()
+        .map(|file| {
+            let text = std::fs::read_to_string(repo().join("manifests").join(file)).unwrap();
+            (*file, text)
+        })
+        .collect();
+    build_repo_package(dir, &files, targets)
+}
+
+/// [`build_repo_modules`] with module manifests of the caller's own text (`(file name, text)`),
+/// for a repository kernel described otherwise (a deliberately wrong extent, say).
+pub fn build_repo_package(dir: &Path, manifests: &[(&str, String)], targets: &[&str]) -> PathBuf {
     let folder = dir.join("manifests");
     std::fs::create_dir_all(&folder).unwrap();
-    for file in std::iter::once(&"package.toml").chain(manifests) {
-        std::fs::copy(repo().join("manifests").join(file), folder.join(file)).unwrap();
+    std::fs::copy(
+        repo().join("manifests/package.toml"),
+        folder.join("package.toml"),
+    )
+    .unwrap();
+    for (file, text) in manifests {
+        std::fs::write(folder.join(file), text).unwrap();
     }
     std::os::unix::fs::symlink(repo().join("kernels"), dir.join("kernels")).unwrap();
     let mut options = options(&folder, &dir.join("dist"), &shared_cache());
