@@ -128,6 +128,9 @@ pub struct Toolchain {
     /// `ptxas --version`, last line; absent when NVIDIA targets shipped PTX only.
     #[serde(default)]
     pub ptxas: Option<String>,
+    /// The package's default AMD code-object version. A target the package gives a version of
+    /// its own (`amd_code_object_versions`, as a generic target needs 6) carries that one in its
+    /// code objects' ELF header (`EI_ABIVERSION`), which is what loaders read.
     pub amd_code_object_version: u32,
 }
 
