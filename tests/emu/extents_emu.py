@@ -159,8 +159,7 @@ class Recorder:
             values = [vgpr[source * 64 + lane] for lane in range(64)]
             for lane in self.lanes(sgpr):
                 vgpr[target * 64 + lane] = values[pick[lane]]
-            after = (sgpr[emu.PC_LO_IDX] | sgpr[emu.PC_HI_IDX] << 32) + size
-            sgpr[emu.PC_LO_IDX], sgpr[emu.PC_HI_IDX] = after & 0xFFFFFFFF, after >> 32
+            advance(emu, sgpr, size)
 
         return run
 
@@ -212,10 +211,11 @@ class Recorder:
     def stand_in(self, pc, error):
         """A runner for an instruction the stock emulator cannot decode or compile (`error`), or
         runs wrong (None: s_setpc_b64, whose jump it drops), as LLVM's disassembler names it:
-        s_setpc_b64 jumps to the address in its SGPR pair, s_getpc_b64 runs exactly (the address of the next instruction
-        into an SGPR pair); an MFMA advances the program counter without computing its result
-        (no address depends on a matrix product; every job says how many it stood in for); any
-        other instruction is the error it was."""
+        s_setpc_b64 jumps to the address in its SGPR pair, s_getpc_b64 runs exactly (the
+        address of the next instruction into an SGPR pair), ds_swizzle_b32 as `swizzle` says;
+        an MFMA advances the program counter without computing its result (no address depends
+        on a matrix product; every job says how many it stood in for); any other instruction is
+        the error it was."""
         llvm = self.objdump_at(pc)
         if llvm is None:
             raise error
@@ -234,10 +234,8 @@ class Recorder:
 
             def getpc(sgprs):
                 sgpr = (ctypes.c_uint32 * emu.SGPR_COUNT).from_address(sgprs.value)
-                here = sgpr[emu.PC_LO_IDX] | sgpr[emu.PC_HI_IDX] << 32
-                after = here + size
+                after = advance(emu, sgpr, size)
                 sgpr[first], sgpr[first + 1] = after & 0xFFFFFFFF, after >> 32
-                sgpr[emu.PC_LO_IDX], sgpr[emu.PC_HI_IDX] = after & 0xFFFFFFFF, after >> 32
 
             runner, reads = getpc, [0]
         elif mnemonic == "ds_swizzle_b32":
@@ -245,9 +243,7 @@ class Recorder:
             runner, reads = self.swizzle(inst, size, operands), [0, 1]
         elif mnemonic.startswith("v_mfma"):
             def skip_mfma(sgprs):
-                sgpr = (ctypes.c_uint32 * emu.SGPR_COUNT).from_address(sgprs.value)
-                after = (sgpr[emu.PC_LO_IDX] | sgpr[emu.PC_HI_IDX] << 32) + size
-                sgpr[emu.PC_LO_IDX], sgpr[emu.PC_HI_IDX] = after & 0xFFFFFFFF, after >> 32
+                advance(emu, (ctypes.c_uint32 * emu.SGPR_COUNT).from_address(sgprs.value), size)
                 self.stood_in[mnemonic] = self.stood_in.get(mnemonic, 0) + 1
 
             runner, reads = skip_mfma, [0]
@@ -330,11 +326,18 @@ class Recorder:
                         self.access(kind, base + extra + within, size, name)
 
             return mubuf
-        if isinstance(inst, irc.SCRATCH) or isinstance(inst, irc.DS):
-            return None
-        if type(inst).__name__ in ("MTBUF",):
+        if isinstance(inst, irc.MTBUF):
             raise RuntimeError(f"{name}: typed buffer instructions are not recorded")
+        # LDS (DS) and scratch are not global memory.
         return None
+
+
+def advance(emu, sgpr, size):
+    """Moves the program counter (which the emulator keeps in two SGPR slots) past an
+    instruction of `size` bytes; returns the new value."""
+    after = (sgpr[emu.PC_LO_IDX] | sgpr[emu.PC_HI_IDX] << 32) + size
+    sgpr[emu.PC_LO_IDX], sgpr[emu.PC_HI_IDX] = after & 0xFFFFFFFF, after >> 32
+    return after
 
 
 def signed(value, field):
