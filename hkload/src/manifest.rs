@@ -213,25 +213,6 @@ impl EntryRecord {
     }
 }
 
-impl NotBuilt {
-    /// Of the targets a module is not built for, the one that would have served `device`
-    /// (the one whose code the device would choose, were it built), if any.
-    pub fn serving<'a>(device: &TargetId, not_built: &'a [Self]) -> Option<&'a Self> {
-        let candidates: Vec<(EntryId, &Self)> = not_built
-            .iter()
-            .flat_map(|skipped| {
-                skipped
-                    .target
-                    .entry_ids()
-                    .into_iter()
-                    .map(move |id| (id, skipped))
-            })
-            .collect();
-        let ids: Vec<EntryId> = candidates.iter().map(|(id, _)| *id).collect();
-        crate::select::choose(device, &ids).map(|(chosen, _)| candidates[chosen].1)
-    }
-}
-
 /// A module's ABI file: every kernel of the module with its signature and per-target ABI.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

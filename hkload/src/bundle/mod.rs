@@ -181,7 +181,7 @@ impl Bundle {
     /// from format 1.6 on, the manifest before.
     fn not_built_for(&self, index: usize, device: &TargetId) -> Result<Option<NotBuilt>> {
         if let Some(not_built) = self.table().not_built(index) {
-            return Ok(NotBuilt::serving(device, &not_built).cloned());
+            return Ok(serving(device, &not_built).cloned());
         }
         let record = self
             .manifest()?
@@ -191,8 +191,25 @@ impl Bundle {
                 what: format!("module {index} of the index's lookup table"),
                 detail: "the index's manifest does not list it".into(),
             })?;
-        Ok(NotBuilt::serving(device, &record.not_built).cloned())
+        Ok(serving(device, &record.not_built).cloned())
     }
+}
+
+/// Of the targets a module is not built for, the one that would have served `device` (the one
+/// whose code the device would choose, were it built), if any.
+fn serving<'a>(device: &TargetId, not_built: &'a [NotBuilt]) -> Option<&'a NotBuilt> {
+    let candidates: Vec<(EntryId, &NotBuilt)> = not_built
+        .iter()
+        .flat_map(|skipped| {
+            skipped
+                .target
+                .entry_ids()
+                .into_iter()
+                .map(move |id| (id, skipped))
+        })
+        .collect();
+    let ids: Vec<EntryId> = candidates.iter().map(|(id, _)| *id).collect();
+    choose(device, &ids).map(|(chosen, _)| candidates[chosen].1)
 }
 
 impl Source {

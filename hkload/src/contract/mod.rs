@@ -230,3 +230,27 @@ fn describe(param: &Param) -> String {
         ParamType::Scalar(t) => format!("`{}` is a {t} value", param.name),
     }
 }
+
+/// Grid and block shape of a launch, and its dynamic shared memory in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LaunchDims {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_bytes: u32,
+}
+
+impl LaunchDims {
+    /// A one-dimensional launch with no dynamic shared memory.
+    pub const fn linear(blocks: u32, threads: u32) -> Self {
+        Self {
+            grid: [blocks, 1, 1],
+            block: [threads, 1, 1],
+            shared_bytes: 0,
+        }
+    }
+
+    /// Threads in one block.
+    pub const fn block_threads(&self) -> u64 {
+        self.block[0] as u64 * self.block[1] as u64 * self.block[2] as u64
+    }
+}

@@ -2,8 +2,8 @@
 //! types checked, the expressions flattened into one array of nodes. Evaluating it allocates
 //! nothing and parses nothing; every operation is checked.
 
+use super::LaunchDims;
 use crate::abi::{Param, ParamType, ScalarType};
-use crate::driver::LaunchDims;
 
 use super::expr::{BinaryOp, Expr, Function, MAX_DEPTH};
 use super::{BindError, Contract, Fact, Place, describe, is_identifier};

@@ -717,7 +717,7 @@ fn read_properties(
             name,
             target,
             compute_units: int(layout.compute_units_offset),
-            shared_memory_per_block: super::shared_memory_limit(&target),
+            shared_memory_per_block: target.shared_memory_per_block(),
             max_threads_per_block: int(layout.max_threads_offset),
         }),
         Ok(_) => Err(format!(

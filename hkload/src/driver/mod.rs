@@ -23,6 +23,7 @@ pub use cuda::CudaDriver;
 pub use hip::HipDriver;
 pub use recording::{Recorded, RecordingDriver};
 
+pub use crate::contract::LaunchDims;
 pub use crate::image::ImageKind;
 use crate::target::TargetId;
 
@@ -82,30 +83,6 @@ impl StreamHandle {
     /// The driver's own handle.
     pub const fn as_raw(self) -> u64 {
         self.0
-    }
-}
-
-/// Grid and block shape of a launch, and its dynamic shared memory in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LaunchDims {
-    pub grid: [u32; 3],
-    pub block: [u32; 3],
-    pub shared_bytes: u32,
-}
-
-impl LaunchDims {
-    /// A one-dimensional launch with no dynamic shared memory.
-    pub const fn linear(blocks: u32, threads: u32) -> Self {
-        Self {
-            grid: [blocks, 1, 1],
-            block: [threads, 1, 1],
-            shared_bytes: 0,
-        }
-    }
-
-    /// Threads in one block.
-    pub const fn block_threads(&self) -> u64 {
-        self.block[0] as u64 * self.block[1] as u64 * self.block[2] as u64
     }
 }
 
@@ -177,25 +154,4 @@ pub trait Driver: Send + Sync {
 
     /// Waits until all work queued on the device has finished.
     fn synchronize(&self, device: usize) -> Result<(), DriverError>;
-}
-
-/// Shared memory (LDS) one block may use on a device of `target`, static and dynamic together,
-/// as the hardware allows it: the CUDA driver reports it for a real NVIDIA device (its opt-in
-/// maximum), this is what drivers that cannot ask (HIP, the recording driver) use.
-///
-/// gfx950 has 160 KiB of LDS per workgroup, earlier CDNA 64 KiB. NVIDIA blocks get 48 KiB
-/// unless the kernel opts in, up to 227 KiB on sm_90, 163 KiB on sm_80 and sm_87, 99 KiB on
-/// the other sm_8x, 96 KiB on sm_70.
-pub(crate) fn shared_memory_limit(target: &TargetId) -> u32 {
-    match target {
-        TargetId::Amd(amd) if amd.processor() == "gfx950" => 160 * 1024,
-        TargetId::Amd(_) => 64 * 1024,
-        TargetId::Nvidia(sm) => match (sm.major(), sm.minor()) {
-            (9, _) => 227 * 1024,
-            (8, 0 | 7) => 163 * 1024,
-            (8, _) => 99 * 1024,
-            (7, 0 | 2) => 96 * 1024,
-            _ => 48 * 1024,
-        },
-    }
 }

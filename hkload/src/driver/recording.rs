@@ -146,7 +146,7 @@ impl Driver for RecordingDriver {
                 name: format!("simulated {target}"),
                 target: *target,
                 compute_units: SIMULATED_COMPUTE_UNITS,
-                shared_memory_per_block: super::shared_memory_limit(target),
+                shared_memory_per_block: target.shared_memory_per_block(),
                 max_threads_per_block: self.max_threads_per_block,
             })
             .collect())

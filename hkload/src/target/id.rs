@@ -8,7 +8,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::processor::{FeatureName, Processor, known_processors};
+use super::processor::{FeatureName, Processor, known_processors, sm_shared_memory_per_block};
 
 /// How a target ID sets one feature.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -309,6 +309,17 @@ impl TargetId {
         match self {
             Self::Amd(_) => Vendor::Amd,
             Self::Nvidia(_) => Vendor::Nvidia,
+        }
+    }
+
+    /// Shared memory (LDS) one block may use on a device of this target, static and dynamic
+    /// together, as the hardware allows it. The CUDA driver reports this for a real NVIDIA
+    /// device (its opt-in maximum); drivers that cannot ask (HIP, the recording driver) use
+    /// this.
+    pub fn shared_memory_per_block(&self) -> u32 {
+        match self {
+            Self::Amd(amd) => amd.processor().lds_per_workgroup(),
+            Self::Nvidia(sm) => sm_shared_memory_per_block(sm.major(), sm.minor()),
         }
     }
 

@@ -58,6 +58,8 @@ struct ProcessorSpec {
     /// The features its target IDs may name.
     features: &'static [FeatureName],
     role: Role,
+    /// LDS one workgroup may use, in bytes.
+    lds_per_workgroup: u32,
 }
 
 #[derive(Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -80,6 +82,7 @@ impl ProcessorSpec {
             mach,
             features,
             role: Role::Native { generic },
+            lds_per_workgroup: 64 * 1024,
         }
     }
 
@@ -89,6 +92,14 @@ impl ProcessorSpec {
             mach,
             features,
             role: Role::Generic,
+            lds_per_workgroup: 64 * 1024,
+        }
+    }
+
+    const fn lds(self, bytes: u32) -> Self {
+        Self {
+            lds_per_workgroup: bytes,
+            ..self
         }
     }
 }
@@ -97,7 +108,8 @@ const SRAMECC_XNACK: &[FeatureName] = &[FeatureName::Sramecc, FeatureName::Xnack
 const XNACK: &[FeatureName] = &[FeatureName::Xnack];
 const NO_FEATURES: &[FeatureName] = &[];
 
-/// Every AMD processor hkload knows, the one place these facts live. `EF_AMDGPU_MACH` values
+/// Every AMD processor hkload knows, the one place these facts live. LDS per workgroup is
+/// 64 KiB unless a processor says otherwise (gfx950: 160 KiB). `EF_AMDGPU_MACH` values
 /// come from LLVM's `ELF.h`, features from LLVM's AMDGPU target parser, and which generic target
 /// covers which processor from CLR's `TargetGenericMap` (gfx908 and gfx90a are in none).
 /// gfx940 and gfx941 are left out: LLVM dropped them.
@@ -105,7 +117,7 @@ static PROCESSORS: [ProcessorSpec; 15] = [
     ProcessorSpec::native("gfx908", 0x30, SRAMECC_XNACK, None),
     ProcessorSpec::native("gfx90a", 0x3f, SRAMECC_XNACK, None),
     ProcessorSpec::native("gfx942", 0x4c, SRAMECC_XNACK, Some("gfx9-4-generic")),
-    ProcessorSpec::native("gfx950", 0x4f, SRAMECC_XNACK, Some("gfx9-4-generic")),
+    ProcessorSpec::native("gfx950", 0x4f, SRAMECC_XNACK, Some("gfx9-4-generic")).lds(160 * 1024),
     ProcessorSpec::native("gfx1100", 0x41, NO_FEATURES, Some("gfx11-generic")),
     ProcessorSpec::native("gfx1101", 0x46, NO_FEATURES, Some("gfx11-generic")),
     ProcessorSpec::native("gfx1151", 0x4a, NO_FEATURES, Some("gfx11-generic")),
@@ -118,6 +130,19 @@ static PROCESSORS: [ProcessorSpec; 15] = [
     ProcessorSpec::generic("gfx11-generic", 0x54, NO_FEATURES),
     ProcessorSpec::generic("gfx12-generic", 0x59, NO_FEATURES),
 ];
+
+/// Shared memory one block of an NVIDIA SM architecture may use, static and dynamic together,
+/// with the kernel's opt-in: 227 KiB on sm_90, 163 KiB on sm_80 and sm_87, 99 KiB on the other
+/// sm_8x, 96 KiB on sm_70 and sm_72, else the 48 KiB every block gets without opting in.
+pub(super) fn sm_shared_memory_per_block(major: u32, minor: u32) -> u32 {
+    match (major, minor) {
+        (9, _) => 227 * 1024,
+        (8, 0 | 7) => 163 * 1024,
+        (8, _) => 99 * 1024,
+        (7, 0 | 2) => 96 * 1024,
+        _ => 48 * 1024,
+    }
+}
 
 /// The names of all known processors, for error messages.
 pub(super) fn known_processors() -> String {
@@ -146,6 +171,12 @@ impl Processor {
     /// Whether target IDs for this processor may name `feature`.
     pub fn supports(self, feature: FeatureName) -> bool {
         self.0.features.contains(&feature)
+    }
+
+    /// LDS one workgroup may use, static and dynamic together, in bytes. A generic target's
+    /// code must fit its smallest processor.
+    pub fn lds_per_workgroup(self) -> u32 {
+        self.0.lds_per_workgroup
     }
 
     /// Whether this is a generic target rather than a real GPU.
