@@ -2,8 +2,8 @@
 //! `e_flags` name.
 #![no_main]
 
-use hkload::code_object::read_amd_code_object;
-use hkload::target::TargetId;
+use hk_code_object::read_amd_code_object;
+use hk_format::target::TargetId;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

@@ -3,7 +3,7 @@
 //! the input is a manifest, else against a one-kernel module.
 #![no_main]
 
-use hkload::manifest::{BundleManifest, ModuleAbi, ModuleRecord, Sha256Digest};
+use hk_format::manifest::{BundleManifest, ModuleAbi, ModuleRecord, Sha256Digest};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

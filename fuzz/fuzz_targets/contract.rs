@@ -4,7 +4,7 @@
 //! with an error, never overflow the stack.
 #![no_main]
 
-use hkload::contract::{Binding, Expr};
+use hk_format::contract::{Binding, Expr};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {
@@ -12,11 +12,20 @@ fuzz_target!(|bytes: &[u8]| {
         return;
     };
     if let Ok(expr) = text.parse::<Expr>() {
-        let again: Expr = expr.to_string().parse().expect("a printed expression parses");
+        let again: Expr = expr
+            .to_string()
+            .parse()
+            .expect("a printed expression parses");
         assert_eq!(again, expr, "text -> tree -> text -> tree changed the tree");
     }
     if let Ok(binding) = text.parse::<Binding>() {
-        let again: Binding = binding.to_string().parse().expect("a printed binding parses");
-        assert_eq!(again, binding, "text -> binding -> text -> binding changed it");
+        let again: Binding = binding
+            .to_string()
+            .parse()
+            .expect("a printed binding parses");
+        assert_eq!(
+            again, binding,
+            "text -> binding -> text -> binding changed it"
+        );
     }
 });

@@ -2,7 +2,7 @@
 //! and every kernel's record, unverified (a verified open only adds a hash over the same bytes).
 #![no_main]
 
-use hkload::index::Index;
+use hk_format::index::Index;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

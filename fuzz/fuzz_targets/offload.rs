@@ -2,7 +2,7 @@
 //! and each entry extracted as hkload does when it loads one.
 #![no_main]
 
-use hkload::offload::{OffloadBundle, decompress, extract_entry};
+use hk_format::offload::{OffloadBundle, decompress, extract_entry};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

@@ -2,7 +2,7 @@
 //! and the report.
 #![no_main]
 
-use hkload::code_object::{apply_ptxas_report, read_ptx_entries};
+use hk_code_object::{apply_ptxas_report, read_ptx_entries};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

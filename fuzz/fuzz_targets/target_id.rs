@@ -3,8 +3,8 @@
 //! also read as `e_flags`.
 #![no_main]
 
+use hk_format::target::{EntryId, TargetId, generic_version};
 use hkload::select::select;
-use hkload::target::{EntryId, TargetId, generic_version};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

@@ -119,30 +119,18 @@
 //! [`Driver`]: driver::Driver
 //! [`RecordingDriver`]: driver::RecordingDriver
 
-pub mod abi;
 pub mod auto;
 pub mod bundle;
-#[cfg(feature = "code-object")]
-pub mod code_object;
-pub mod contract;
 pub mod device;
-pub mod digest;
 pub mod driver;
 mod error;
-pub mod file;
-pub mod fp8;
-mod image;
-pub mod index;
 mod launch;
-pub mod manifest;
-pub mod offload;
 pub mod package_set;
 pub mod select;
-pub mod signing;
-#[cfg(test)]
-mod small_stack;
-pub mod target;
-mod text;
+
+// The bundle's formats, at the paths hkload's own types name them by.
+pub use hk_format::{abi, contract, digest, fp8, index, manifest, signing, target};
+use hk_format::{file, image, offload};
 
 pub use bundle::{Bundle, Explanation, Kernel, LoadedBundle, OpenOptions};
 pub use device::{Device, DeviceBuffer};

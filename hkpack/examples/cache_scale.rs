@@ -16,7 +16,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hkload::target::TargetId;
+use hk_format::target::TargetId;
 use hkpack::cache::RemoteOptions;
 use hkpack::manifest::Package;
 use hkpack::toolchain::ToolPaths;

@@ -8,9 +8,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use hkload::code_object::{self, KernelFacts};
-use hkload::manifest::Toolchain as ToolchainRecord;
-use hkload::target::{EntryId, TargetId};
+use hk_code_object::KernelFacts;
+use hk_format::manifest::Toolchain as ToolchainRecord;
+use hk_format::target::{EntryId, TargetId};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cache::{Cache, Identity, Level, Remote, RemoteOptions, RemoteReport};
@@ -159,7 +159,7 @@ pub fn build(options: &BuildOptions) -> Result<BuildReport, Error> {
         .clone()
         .unwrap_or_else(|| package.targets.clone());
     package.check_code_object_versions(&targets)?;
-    hkload::target::check_composition(&targets)?;
+    hk_format::target::check_composition(&targets)?;
     let toolchain = Toolchain::discover(&options.tools)?;
     toolchain.check_targets(&targets)?;
     let remote = options
@@ -407,11 +407,12 @@ fn read_outputs(
             let ptx = read(outputs::PTX)?;
             let text = String::from_utf8(ptx.clone())
                 .map_err(|_| "clang wrote PTX that is not UTF-8".to_owned())?;
-            let mut facts = code_object::read_ptx_entries(&text).map_err(|e| e.to_string())?;
+            let mut facts = hk_code_object::read_ptx_entries(&text).map_err(|e| e.to_string())?;
             let mut images = Vec::new();
             if dir.join(outputs::CUBIN).is_file() {
                 let report = String::from_utf8_lossy(&read(outputs::PTXAS_REPORT)?).into_owned();
-                code_object::apply_ptxas_report(&mut facts, &report).map_err(|e| e.to_string())?;
+                hk_code_object::apply_ptxas_report(&mut facts, &report)
+                    .map_err(|e| e.to_string())?;
                 images.push((EntryId::Cubin(arch), read(outputs::CUBIN)?));
             }
             images.push((EntryId::Ptx(arch), ptx));
@@ -433,7 +434,7 @@ fn read_outputs(
 /// Reads an AMD code object and checks that it is what the job asked for: built for the
 /// job's target, with the package's code-object version.
 fn amd_facts(job: &Job<'_>, package: &Package, bytes: &[u8]) -> Result<Vec<KernelFacts>, String> {
-    let object = code_object::read_amd_code_object(bytes).map_err(|e| e.to_string())?;
+    let object = hk_code_object::read_amd_code_object(bytes).map_err(|e| e.to_string())?;
     let built_for = TargetId::from_amd_e_flags(object.header.e_flags).map_err(|e| e.to_string())?;
     if built_for != job.target {
         return Err(format!(

@@ -22,7 +22,7 @@ pub enum Error {
     #[error(transparent)]
     Bundle(#[from] hkload::Error),
     #[error(transparent)]
-    Targets(#[from] hkload::target::CompositionError),
+    Targets(#[from] hk_format::target::CompositionError),
     #[error("{} of the build's jobs failed:\n{}", .0.len(), list(.0))]
     Jobs(Vec<JobError>),
     #[error("key file {}: {detail}", path.display())]

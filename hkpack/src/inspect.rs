@@ -12,10 +12,10 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use hk_format::abi::Param;
+use hk_format::contract::Contract;
+use hk_format::target::TargetId;
 use hkload::Bundle;
-use hkload::abi::Param;
-use hkload::contract::Contract;
-use hkload::target::TargetId;
 
 /// One row of the inspection table.
 #[derive(Debug, Clone, Serialize)]
@@ -207,7 +207,7 @@ impl fmt::Display for KernelView {
                         requirement.check, requirement.message
                     )?;
                 }
-                let axes = |e: &[hkload::contract::Expr; 3]| {
+                let axes = |e: &[hk_format::contract::Expr; 3]| {
                     e.iter()
                         .map(ToString::to_string)
                         .collect::<Vec<_>>()

@@ -16,8 +16,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use hkload::code_object;
-use hkload::target::TargetId;
+use hk_format::target::TargetId;
 
 use crate::manifest::{Module, Package};
 use crate::probe;
@@ -227,9 +226,9 @@ impl Job<'_> {
         let kernels = if self.is_nvidia() {
             std::str::from_utf8(&bytes)
                 .ok()
-                .and_then(|ptx| code_object::read_ptx_entries(ptx).ok())
+                .and_then(|ptx| hk_code_object::read_ptx_entries(ptx).ok())
         } else {
-            code_object::read_amd_code_object(&bytes)
+            hk_code_object::read_amd_code_object(&bytes)
                 .ok()
                 .map(|object| object.kernels)
         };

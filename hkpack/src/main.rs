@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use hk_format::target::TargetId;
 use hkload::Bundle;
-use hkload::target::TargetId;
 use hkpack::cache::{RemoteOptions, Signer};
 use hkpack::toolchain::ToolPaths;
 use hkpack::{BuildOptions, inspect, sign, verify};

@@ -11,9 +11,9 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use hkload::abi::Signature;
-use hkload::contract::Contract;
-use hkload::target::TargetId;
+use hk_format::abi::Signature;
+use hk_format::contract::Contract;
+use hk_format::target::TargetId;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -460,7 +460,7 @@ impl Module {
                 let (param, extent) = contract::param_with_extent(&file, symbol, written)?;
                 if args
                     .iter()
-                    .any(|p: &hkload::abi::Param| p.name == param.name)
+                    .any(|p: &hk_format::abi::Param| p.name == param.name)
                 {
                     return Err(file.error(
                         written.span(),

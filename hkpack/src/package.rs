@@ -6,16 +6,16 @@
 
 use std::path::{Path, PathBuf};
 
-use hkload::code_object::KernelFacts;
-use hkload::index::{INDEX_FILE, Index};
-use hkload::manifest::{
+use hk_code_object::KernelFacts;
+use hk_format::index::{INDEX_FILE, Index};
+use hk_format::manifest::{
     ABI_EXTENSION, Blake3Digest, BundleManifest, EntryRecord, FORMAT_VERSION, KernelAbi,
     KernelRecord, MANIFEST_FILE, ModuleAbi, ModuleRecord, NotBuilt, Package as PackageRecord,
     Provenance, Sha256Digest, Toolchain as ToolchainRecord,
 };
-use hkload::offload;
+use hk_format::offload;
+use hk_format::target::{EntryId, SmArch, TargetId};
 use hkload::select::choose;
-use hkload::target::{EntryId, SmArch, TargetId};
 
 use crate::cache::{Cache, CacheError};
 use crate::manifest::{Module, Package};

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use hkload::abi::{ParamType, ScalarType};
+use hk_format::abi::{ParamType, ScalarType};
 
 /// The struct the probe declares, whose layout clang prints.
 const STRUCT: &str = "hk_kernel_signatures";

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use hkload::manifest::Provenance;
+use hk_format::manifest::Provenance;
 
 /// The provenance of a build from the manifests folder `manifests`; without git, or outside a
 /// repository, the revision is unknown and the sources count as clean.

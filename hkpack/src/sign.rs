@@ -1,12 +1,12 @@
 //! `hkpack keygen` and `hkpack sign`: ed25519 keys in files, and a bundle's signature written
-//! beside its index (the format is hkload's, [`hkload::signing`]). The same key files sign
+//! beside its index (the format is hkload's, [`hk_format::signing`]). The same key files sign
 //! and check remote cache entries (`hkpack build --cache-sign-key`, `--cache-trust`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use hkload::index::INDEX_FILE;
-use hkload::signing::{PublicKey, SIGNATURE_FILE, SecretKey};
+use hk_format::index::INDEX_FILE;
+use hk_format::signing::{PublicKey, SIGNATURE_FILE, SecretKey};
 
 use crate::error::Error;
 
@@ -88,7 +88,7 @@ pub fn sign(bundle: &Path, key_file: &Path) -> Result<PublicKey, Error> {
     let index_path = bundle.join(INDEX_FILE);
     let index = std::fs::read(&index_path).map_err(|e| key_error(&index_path, e))?;
     // The index must be whole before it is vouched for.
-    hkload::index::Index::open(index.clone(), true).map_err(|e| key_error(&index_path, e))?;
+    hk_format::index::Index::open(index.clone(), true).map_err(|e| key_error(&index_path, e))?;
     let signature = key.sign(&index).to_toml();
     let path = bundle.join(SIGNATURE_FILE);
     std::fs::write(&path, signature).map_err(|e| key_error(&path, e))?;

@@ -8,9 +8,9 @@
 
 use std::collections::BTreeMap;
 
-use hkload::abi::{Param, ParamType};
-use hkload::code_object::{ArgKind, KernelFacts};
-use hkload::target::TargetId;
+use hk_code_object::{ArgKind, KernelFacts};
+use hk_format::abi::{Param, ParamType};
+use hk_format::target::TargetId;
 
 use crate::manifest::Module;
 use crate::probe::SourceParam;

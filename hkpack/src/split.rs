@@ -7,12 +7,12 @@
 
 use std::path::{Path, PathBuf};
 
-use hkload::index::INDEX_FILE;
-use hkload::manifest::{MANIFEST_FILE, ModuleRecord, Sha256Digest};
-use hkload::offload;
+use hk_format::index::INDEX_FILE;
+use hk_format::manifest::{MANIFEST_FILE, ModuleRecord, Sha256Digest};
+use hk_format::offload;
+use hk_format::signing::SIGNATURE_FILE;
+use hk_format::target::TargetId;
 use hkload::package_set::{TARGET_FILE, TargetPackage, index_package_name, target_package_name};
-use hkload::signing::SIGNATURE_FILE;
-use hkload::target::TargetId;
 use hkload::{Bundle, OpenOptions};
 
 use crate::package::{PackageError, ZSTD_LEVEL, write_folder};

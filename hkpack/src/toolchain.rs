@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use hkload::target::TargetId;
+use hk_format::target::TargetId;
 
 /// The tools a build uses.
 #[derive(Debug, Clone)]

@@ -6,7 +6,7 @@
 //! GPU parity suite through hkload, or a future backend) uploads the inputs, poisons the outputs
 //! with [`crate::host::POISON_BYTE`], launches, downloads and calls [`Case::check`].
 
-use hkload::abi::{ScalarType, ScalarValue};
+use hk_format::abi::{ScalarType, ScalarValue};
 
 /// What one output buffer must hold after the launch.
 #[derive(Debug, Clone)]

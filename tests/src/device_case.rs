@@ -4,7 +4,7 @@
 
 use crate::case::{Case, CaseArg, Mismatch};
 use crate::host::{POISON_BYTE, decode, encode};
-use hkload::abi::ScalarValue;
+use hk_format::abi::ScalarValue;
 use hkload::driver::StreamHandle;
 use hkload::{Arg, Device, DeviceBuffer, Kernel};
 

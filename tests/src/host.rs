@@ -2,8 +2,8 @@
 //! hold, and encoding them to (and decoding them from) the bytes a device buffer holds.
 
 use half::{bf16, f16};
-use hkload::abi::ScalarType;
-use hkload::fp8::Fp8Format;
+use hk_format::abi::ScalarType;
+use hk_format::fp8::Fp8Format;
 
 /// The value `x` becomes when stored as `ty` (round to nearest even for floats, FP8 through
 /// f32 as the kernels convert; integers are expected to be integral and in range already).

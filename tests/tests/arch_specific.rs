@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use common::*;
-use hkload::abi::ScalarType;
+use hk_format::abi::ScalarType;
+use hk_format::target::{EntryId, TargetId};
 use hkload::driver::{LaunchDims, RecordingDriver, StreamHandle};
 use hkload::select::{Match, Outcome};
-use hkload::target::{EntryId, TargetId};
 use hkload::{Arg, Bundle, Device, OpenOptions};
 
 /// `tiles`: out[i] = 2 on sm_90a code, 1 elsewhere, with more static shared memory on sm_90a

@@ -19,9 +19,9 @@ mod common;
 use std::process::Command;
 
 use common::*;
+use hk_format::manifest::{BundleManifest, MANIFEST_FILE};
+use hk_format::target::TargetId;
 use hkload::Bundle;
-use hkload::manifest::{BundleManifest, MANIFEST_FILE};
-use hkload::target::TargetId;
 
 /// `(target, LDS bytes a workgroup may have, MFMA mnemonic of bf16 kernels, of f16 kernels, the
 /// MFMA's k)`.

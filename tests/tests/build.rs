@@ -9,11 +9,11 @@ use std::path::Path;
 use std::process::Command;
 
 use common::*;
+use hk_format::index::{INDEX_FILE, Index};
+use hk_format::manifest::{BundleManifest, MANIFEST_FILE, ModuleAbi};
+use hk_format::target::{EntryId, TargetId};
 use hkload::Bundle;
-use hkload::index::{INDEX_FILE, Index};
-use hkload::manifest::{BundleManifest, MANIFEST_FILE, ModuleAbi};
 use hkload::select::choose;
-use hkload::target::{EntryId, TargetId};
 use hkpack::toolchain::ToolPaths;
 use sha2::{Digest, Sha256};
 
@@ -204,7 +204,7 @@ fn llvm_tools_agree_with_our_bundles() {
                 assert!(status.success());
                 let bytes = std::fs::read(&out).unwrap();
                 assert_eq!(
-                    hkload::manifest::hex(&Sha256::digest(&bytes)),
+                    hk_format::manifest::hex(&Sha256::digest(&bytes)),
                     entry.sha256.to_string()
                 );
                 let notes = Command::new(&readelf)
@@ -301,7 +301,7 @@ fn builds_from_scratch_in_two_places_are_byte_identical() {
 fn digests(dir: &Path) -> Vec<(String, String)> {
     snapshot(dir)
         .into_iter()
-        .map(|(name, bytes)| (name, hkload::manifest::hex(&Sha256::digest(bytes))))
+        .map(|(name, bytes)| (name, hk_format::manifest::hex(&Sha256::digest(bytes))))
         .collect()
 }
 

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use hkload::abi::{ParamType, ScalarType, ScalarValue};
+use hk_format::abi::{ParamType, ScalarType, ScalarValue};
 use hkload::driver::{DevicePtr, LaunchDims, Recorded, RecordingDriver, StreamHandle};
 use hkload::{Arg, Bundle, Device, DeviceBuffer, Error, LaunchError, RawPointer};
 
@@ -23,7 +23,7 @@ fn simulated(id: &str) -> (Arc<RecordingDriver>, Device) {
 struct Call {
     buffers: Vec<DeviceBuffer>,
     scalars: Vec<ScalarValue>,
-    params: Vec<hkload::abi::Param>,
+    params: Vec<hk_format::abi::Param>,
 }
 
 impl Call {

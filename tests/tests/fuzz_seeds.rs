@@ -9,13 +9,13 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use hkload::code_object::{apply_ptxas_report, read_amd_code_object, read_ptx_entries};
-use hkload::contract::{Binding, Expr};
-use hkload::index::{INDEX_FILE, Index};
-use hkload::manifest::{BundleManifest, MANIFEST_FILE, ModuleAbi};
-use hkload::offload::{OffloadBundle, decompress, extract_entry};
+use hk_code_object::{apply_ptxas_report, read_amd_code_object, read_ptx_entries};
+use hk_format::contract::{Binding, Expr};
+use hk_format::index::{INDEX_FILE, Index};
+use hk_format::manifest::{BundleManifest, MANIFEST_FILE, ModuleAbi};
+use hk_format::offload::{OffloadBundle, decompress, extract_entry};
+use hk_format::target::{EntryId, TargetId};
 use hkload::select::choose;
-use hkload::target::{EntryId, TargetId};
 
 fn seeds(target: &str) -> PathBuf {
     let dir = common::repo().join("target/fuzz-seeds").join(target);
@@ -63,7 +63,7 @@ fn seeds_from_the_repository_bundle() {
         write("index", &format!("{kind}-{INDEX_FILE}"), &index);
         // Contract trees as deep as an index may hold them, and past that: the reader must
         // refuse the second as damage, never recurse into it.
-        for depth in [hkload::contract::MAX_DEPTH, 20_000] {
+        for depth in [hk_format::contract::MAX_DEPTH, 20_000] {
             let deep = index_with_contract_depth(&opened, depth);
             let refused = Index::open(deep.clone(), true)
                 .unwrap()
@@ -71,7 +71,7 @@ fn seeds_from_the_repository_bundle() {
                 .is_err();
             assert_eq!(
                 refused,
-                depth > hkload::contract::MAX_DEPTH,
+                depth > hk_format::contract::MAX_DEPTH,
                 "depth {depth}"
             );
             write("index", &format!("{kind}-deep-{depth}"), &deep);

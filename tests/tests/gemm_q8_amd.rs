@@ -18,9 +18,9 @@ use std::path::Path;
 use std::process::Command;
 
 use common::*;
+use hk_format::manifest::{BundleManifest, MANIFEST_FILE};
+use hk_format::target::TargetId;
 use hkload::Bundle;
-use hkload::manifest::{BundleManifest, MANIFEST_FILE};
-use hkload::target::TargetId;
 
 /// `(target, LDS bytes a workgroup may have, int8 MFMA, its count in a step)`: eight atoms a
 /// wave (64 x 32 of 16 x 16) times the step's bytes (64; 128 on gfx950, whose LDS holds two

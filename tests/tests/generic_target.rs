@@ -14,10 +14,10 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use common::*;
+use hk_code_object::read_amd_code_object;
+use hk_format::target::{EntryId, TargetId};
 use hkload::Bundle;
-use hkload::code_object::read_amd_code_object;
 use hkload::select::{Match, Outcome};
-use hkload::target::{EntryId, TargetId};
 use hkpack::BuildReport;
 use hkpack::manifest::Package;
 

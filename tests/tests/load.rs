@@ -8,13 +8,13 @@ use std::sync::Arc;
 use sha2::Digest;
 
 use common::*;
+use hk_format::abi::{ParamType, ScalarType, ScalarValue};
+use hk_format::index::Index;
+use hk_format::manifest::{BundleManifest, FORMAT_VERSION, ModuleAbi};
+use hk_format::target::TargetId;
 use hk_tests::device_case::CaseBuffers;
 use hk_tests::kernels::all_cases;
-use hkload::abi::{ParamType, ScalarType, ScalarValue};
 use hkload::driver::{ImageKind, LaunchDims, Recorded, RecordingDriver, StreamHandle};
-use hkload::index::Index;
-use hkload::manifest::{BundleManifest, FORMAT_VERSION, ModuleAbi};
-use hkload::target::TargetId;
 use hkload::{Arg, Bundle, Device, Error, LaunchError, OpenOptions};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -242,7 +242,7 @@ fn replaced<'a>(args: &[Arg<'a>], i: usize, arg: Arg<'a>) -> Vec<Arg<'a>> {
 /// refused before the driver, as are shapes past the kernel's limits.
 fn assert_refused(
     kernel: &hkload::Kernel,
-    signature: &[hkload::abi::Param],
+    signature: &[hk_format::abi::Param],
     good: &[Arg<'_>],
     device: &Device,
     driver: &RecordingDriver,
@@ -402,7 +402,7 @@ fn assert_refused(
 /// the argument and both lengths, before the driver is called; exactly its extent is enough.
 fn assert_extents_enforced(
     kernel: &hkload::Kernel,
-    signature: &[hkload::abi::Param],
+    signature: &[hk_format::abi::Param],
     good: &[Arg<'_>],
     device: &Device,
     driver: &RecordingDriver,
@@ -940,7 +940,7 @@ fn a_newer_format_and_a_missing_file_are_clear_errors() {
 
 /// The repository bundle's index with every kernel's record passed through `edit`, encoded
 /// again (with a correct digest: the digest is no signature, anyone can recompute it).
-fn edited_index(edit: impl Fn(&mut hkload::manifest::KernelRecord)) -> &'static [u8] {
+fn edited_index(edit: impl Fn(&mut hk_format::manifest::KernelRecord)) -> &'static [u8] {
     let (bundle_dir, _) = repo_bundles();
     let index = Index::open(
         std::fs::read(bundle_dir.join("bundle.msgpack")).unwrap(),
@@ -970,7 +970,7 @@ fn hand_edited_argument_offsets_are_refused_at_lookup() {
         files
     };
     /// A damage done to each target's ABI of the kernel.
-    type Edit = fn(&mut hkload::manifest::KernelAbi);
+    type Edit = fn(&mut hk_format::manifest::KernelAbi);
     let cases: [(&str, Edit, &str); 4] = [
         (
             "near 2^32",
@@ -1131,7 +1131,7 @@ fn a_damaged_large_image_is_refused_though_hashed_beside_the_load() {
     );
     let path = copy.path().join(&module.file);
     let mut bytes = std::fs::read(&path).unwrap();
-    let image = hkload::offload::extract_entry(&bytes, &entry.id.to_string())
+    let image = hk_format::offload::extract_entry(&bytes, &entry.id.to_string())
         .unwrap()
         .into_owned();
     let at = bytes
@@ -1199,11 +1199,11 @@ fn an_index_from_before_blake3_verifies_with_sha256() {
     for record in &now.manifest().unwrap().modules {
         assert_eq!(
             record.blake3,
-            Some(hkload::manifest::Blake3Digest::of(&module))
+            Some(hk_format::manifest::Blake3Digest::of(&module))
         );
         for entry in &record.entries {
-            let image = hkload::offload::extract_entry(&module, &entry.id.to_string()).unwrap();
-            assert_eq!(entry.digests(), hkload::manifest::Digests::of(&image));
+            let image = hk_format::offload::extract_entry(&module, &entry.id.to_string()).unwrap();
+            assert_eq!(entry.digests(), hk_format::manifest::Digests::of(&image));
         }
     }
     let older = as_format_1_4(&index);
@@ -1249,7 +1249,7 @@ fn an_index_from_before_blake3_verifies_with_sha256() {
 fn the_index_digest_reported_is_the_one_of_its_contents() {
     let (_package, dir) = small_bundle(false);
     let index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
-    let truth = hkload::manifest::Sha256Digest::of(&[&index[..4], &index[72..]].concat());
+    let truth = hk_format::manifest::Sha256Digest::of(&[&index[..4], &index[72..]].concat());
     // Another build's SHA-256 written in, and the BLAKE3, which covers it, redone to match.
     let mut forged = index.clone();
     forged[6..38].copy_from_slice(&[0x5a; 32]);
@@ -1275,11 +1275,11 @@ fn both_digests_of_the_index_are_checked() {
     opened.check_sha256().unwrap();
     assert_eq!(
         opened.digest(),
-        hkload::manifest::Sha256Digest::of(&[&index[..4], &index[72..]].concat())
+        hk_format::manifest::Sha256Digest::of(&[&index[..4], &index[72..]].concat())
     );
     assert_eq!(
         opened.blake3(),
-        Some(hkload::manifest::Blake3Digest::of(
+        Some(hk_format::manifest::Blake3Digest::of(
             &[&index[..38], &index[72..]].concat()
         ))
     );

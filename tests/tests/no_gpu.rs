@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
+use hk_format::target::Vendor;
 use hkload::driver::{Driver, DriverError};
-use hkload::target::Vendor;
 
 fn has_nvidia_gpu() -> bool {
     Path::new("/dev/nvidiactl").exists()

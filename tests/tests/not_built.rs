@@ -99,8 +99,8 @@ fn a_skipped_target_is_not_built_and_says_why_while_the_other_modules_load() {
         block: [64, 1, 1],
         shared_bytes: 0,
     };
-    let mut out = device.alloc(hkload::abi::ScalarType::F32, 64).unwrap();
-    let x = device.alloc(hkload::abi::ScalarType::F32, 64).unwrap();
+    let mut out = device.alloc(hk_format::abi::ScalarType::F32, 64).unwrap();
+    let x = device.alloc(hk_format::abi::ScalarType::F32, 64).unwrap();
     let args: [Arg; 4] = [(&mut out).into(), (&x).into(), 2.0f32.into(), 64u32.into()];
     // SAFETY: a simulated device runs nothing; one block of 64 covers n = 64.
     unsafe { scale.launch(&dims, StreamHandle::DEFAULT, &args) }.unwrap();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::servers::{self, Sccache, Server};
 use common::*;
-use hkload::signing::{PublicKey, SecretKey};
+use hk_format::signing::{PublicKey, SecretKey};
 use hkpack::cache::remote::{Fetched, Remote};
 use hkpack::cache::storage::S3Credentials;
 use hkpack::cache::{RemoteOptions, Signer};
@@ -61,7 +61,7 @@ fn digests(dir: &Path) -> Vec<(String, String)> {
             let bytes = std::fs::read(e.path()).unwrap();
             (
                 e.file_name().to_string_lossy().into_owned(),
-                hkload::manifest::hex(&Sha256::digest(bytes)),
+                hk_format::manifest::hex(&Sha256::digest(bytes)),
             )
         })
         .collect();

@@ -5,9 +5,9 @@
 mod common;
 
 use common::*;
-use hkload::index::INDEX_FILE;
-use hkload::manifest::Sha256Digest;
-use hkload::signing::{PublicKey, SIGNATURE_FILE};
+use hk_format::index::INDEX_FILE;
+use hk_format::manifest::Sha256Digest;
+use hk_format::signing::{PublicKey, SIGNATURE_FILE};
 use hkload::{Bundle, Error, OpenOptions};
 
 /// A small bundle (compressed, so that every byte of its module file is covered by the code

@@ -10,9 +10,9 @@ use std::process::Command;
 use std::sync::Arc;
 
 use common::*;
+use hk_format::offload::extract_entry;
+use hk_format::package_set::TARGET_FILE;
 use hkload::driver::{ImageKind, Recorded, RecordingDriver};
-use hkload::offload::extract_entry;
-use hkload::package_set::TARGET_FILE;
 use hkload::{Bundle, Device, Error, OpenOptions};
 
 const TARGETS: [&str; 5] = ["gfx90a", "gfx942", "gfx950", "gfx9-4-generic", "sm_80"];
@@ -252,7 +252,7 @@ fn a_search_path_serves_what_it_holds_and_names_what_is_missing() {
             .iter()
             .find(|e| e.id.to_string().ends_with("sm_80"))
             .unwrap();
-        assert_eq!(hkload::manifest::Sha256Digest::of(image), entry.sha256);
+        assert_eq!(hk_format::manifest::Sha256Digest::of(image), entry.sha256);
     }
 
     // Without gfx90a's package, gfx90a is told what to install, and the rest still serve.
@@ -447,7 +447,7 @@ fn a_signed_index_vouches_for_every_package_split_from_it() {
             Ok(_) => assert_eq!(
                 images
                     .iter()
-                    .map(|i| hkload::manifest::Sha256Digest::of(i))
+                    .map(|i| hk_format::manifest::Sha256Digest::of(i))
                     .collect::<Vec<_>>(),
                 [signed],
                 "byte {at}"

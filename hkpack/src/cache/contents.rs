@@ -69,7 +69,7 @@ fn digests(dir: &Path) -> std::io::Result<BTreeMap<String, String>> {
             continue;
         }
         let bytes = std::fs::read(entry.path())?;
-        digests.insert(name, hkload::manifest::hex(&Sha256::digest(bytes)));
+        digests.insert(name, hk_format::manifest::hex(&Sha256::digest(bytes)));
     }
     Ok(digests)
 }

@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use hkload::signing::{PublicKey, SecretKey, SignatureError, SignatureFile};
+use hk_format::signing::{PublicKey, SecretKey, SignatureError, SignatureFile};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 use sha2::{Digest, Sha256};
@@ -79,7 +79,7 @@ pub enum Defect {
 
 /// `payload` sealed as the answer to `answers`, and signed with `key` when there is one.
 pub fn seal(answers: &str, payload: &[u8], key: Option<&SecretKey>) -> Vec<u8> {
-    let sha256 = hkload::manifest::hex(&Sha256::digest(payload));
+    let sha256 = hk_format::manifest::hex(&Sha256::digest(payload));
     let signature = key.map(|key| {
         let signed = key.sign(&signed_message(answers, &sha256));
         Signature {
@@ -117,7 +117,7 @@ pub fn open<'a>(answers: &str, bytes: &'a [u8]) -> Result<Opened<'a>, Defect> {
     if sealed.answers != answers {
         return Err(Defect::Foreign(sealed.answers.to_owned()));
     }
-    if hkload::manifest::hex(&Sha256::digest(sealed.payload)) != sealed.sha256 {
+    if hk_format::manifest::hex(&Sha256::digest(sealed.payload)) != sealed.sha256 {
         return Err(Defect::Corrupted);
     }
     Ok(Opened {
@@ -306,7 +306,7 @@ mod tests {
         let before = rmp_serde::to_vec_named(&Before {
             format: FORMAT,
             answers: "deps/1",
-            sha256: &hkload::manifest::hex(&Sha256::digest(b"k.hip\n")),
+            sha256: &hk_format::manifest::hex(&Sha256::digest(b"k.hip\n")),
             payload: b"k.hip\n",
         })
         .unwrap();

@@ -93,7 +93,7 @@ impl Identity {
             hasher.update((part.len() as u64).to_le_bytes());
             hasher.update(part);
         }
-        Self(hkload::manifest::hex(&hasher.finalize()))
+        Self(hk_format::manifest::hex(&hasher.finalize()))
     }
 }
 
@@ -339,7 +339,7 @@ impl Cache {
         hasher.update((what.len() as u64).to_le_bytes());
         hasher.update(what);
         hasher.update(input);
-        let name = hkload::manifest::hex(&hasher.finalize());
+        let name = hk_format::manifest::hex(&hasher.finalize());
         let path = self.dir.join("derived").join(&name);
         if let Ok(stored) = std::fs::read(&path) {
             match unseal_derived(&stored) {
@@ -369,7 +369,7 @@ impl Cache {
             hasher.update([0]);
             hasher.update(hash);
         }
-        Some(hkload::manifest::hex(&hasher.finalize()))
+        Some(hk_format::manifest::hex(&hasher.finalize()))
     }
 
     fn file_hash(&self, path: &Path) -> Option<String> {
@@ -378,7 +378,7 @@ impl Cache {
             .or_insert_with(|| {
                 std::fs::read(path)
                     .ok()
-                    .map(|bytes| hkload::manifest::hex(&Sha256::digest(bytes)))
+                    .map(|bytes| hk_format::manifest::hex(&Sha256::digest(bytes)))
             })
             .clone()
     }
@@ -554,7 +554,7 @@ mod tests {
     /// refuses the other with one warning for the build, and without trusted keys reads both.
     #[test]
     fn a_trusting_cache_reads_only_what_a_trusted_key_signed() {
-        use hkload::signing::SecretKey;
+        use hk_format::signing::SecretKey;
 
         let root = tempfile::tempdir().unwrap();
         let base = root.path().join("src");

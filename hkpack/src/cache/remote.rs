@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hkload::signing::{PublicKey, SecretKey};
+use hk_format::signing::{PublicKey, SecretKey};
 use opendal::{ErrorKind, Operator};
 
 use super::entry::{self, Defect};

@@ -55,8 +55,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+use hk_format::target::TargetId;
 use hkload::Bundle;
-use hkload::target::TargetId;
 
 use crate::verify::{self, Pick};
 

@@ -1,14 +1,14 @@
 //! Kernels' launch contracts as module manifests write them: a `[module.contract]` default, a
 //! `[kernel.contract]` per kernel, and each pointer argument's extent in brackets after its
-//! type (`"x: *const bf16 [rows * cols]"`). Read here into [`hkload::contract::Contract`] and
+//! type (`"x: *const bf16 [rows * cols]"`). Read here into [`hk_format::contract::Contract`] and
 //! checked against the kernel's signature, every problem located at its file, line and column.
 //!
 //! A kernel's contract is the module's with the kernel's on top: `let` values and `requires`
 //! clauses add to the module's (the kernel's come after), `block`, `grid` and `shared` replace
 //! the module's.
 
-use hkload::abi::Param;
-use hkload::contract::{BindError, Binding, Contract, Expr, Place, Requirement};
+use hk_format::abi::Param;
+use hk_format::contract::{BindError, Binding, Contract, Expr, Place, Requirement};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -115,7 +115,7 @@ pub(super) fn kernel_contract(
         written
             .text
             .parse()
-            .map_err(|e: hkload::contract::SyntaxError| {
+            .map_err(|e: hk_format::contract::SyntaxError| {
                 let at = written.at + e.offset;
                 file.error(at..at, format!("kernel `{symbol}`: {}", e.message))
             })
@@ -127,7 +127,7 @@ pub(super) fn kernel_contract(
             written
                 .get_ref()
                 .parse()
-                .map_err(|e: hkload::contract::SyntaxError| {
+                .map_err(|e: hk_format::contract::SyntaxError| {
                     let at = written.span().start + 1 + e.offset;
                     file.error(at..at, format!("kernel `{symbol}`: {}", e.message))
                 })?;

@@ -13,9 +13,9 @@
 //! calls impossible may, in principle, accept some call it never tried, which is why the error
 //! shows the call it got furthest with.
 
-use hkload::abi::{Param, ParamType, ScalarType};
-use hkload::contract::{Contract, EvalError, Expr, Facts, Place, Program};
-use hkload::driver::LaunchDims;
+use hk_format::abi::{Param, ParamType, ScalarType};
+use hk_format::contract::LaunchDims;
+use hk_format::contract::{Contract, EvalError, Expr, Facts, Place, Program};
 
 /// What no device allows, on every target hkload runs on: threads a block (CUDA's and HIP's
 /// maximum) and shared memory a block (the largest, sm_90's 227 KiB opt-in).

@@ -15,14 +15,14 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use hkload::index::{INDEX_FILE, Index};
-use hkload::manifest::{
+use hk_format::index::{INDEX_FILE, Index};
+use hk_format::manifest::{
     Blake3Digest, BundleManifest, Digests, EntryRecord, MANIFEST_FILE, ModuleAbi, ModuleRecord,
     Sha256Digest,
 };
-use hkload::offload;
-use hkload::signing::{PublicKey, SIGNATURE_FILE, SignatureError, SignatureFile};
-use hkload::target::{EntryId, TargetId};
+use hk_format::offload;
+use hk_format::signing::{PublicKey, SIGNATURE_FILE, SignatureError, SignatureFile};
+use hk_format::target::{EntryId, TargetId};
 
 use crate::error::Error;
 

@@ -7,12 +7,12 @@
 
 use std::path::{Path, PathBuf};
 
-use hkload::index::{INDEX_FILE, Index};
-use hkload::manifest::{BundleManifest, ModuleRecord};
-use hkload::offload::{self, OffloadBundle};
+use hk_format::index::{INDEX_FILE, Index};
+use hk_format::manifest::{BundleManifest, ModuleRecord};
+use hk_format::offload::{self, OffloadBundle};
+use hk_format::signing::PublicKey;
+use hk_format::target::TargetId;
 use hkload::package_set::{TARGET_FILE, TargetPackage};
-use hkload::signing::PublicKey;
-use hkload::target::TargetId;
 
 use super::{FileVerdict, abi_verdict, check_image, digest_names, index_files, module_file};
 

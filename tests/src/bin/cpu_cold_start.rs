@@ -19,12 +19,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
+use hk_format::manifest::{Blake3Digest, Sha256Digest};
+use hk_format::target::TargetId;
 use hk_tests::device_case::CaseBuffers;
 use hk_tests::kernels::all_cases;
 use hk_tests::timing::Stats;
 use hkload::driver::{RecordingDriver, StreamHandle};
-use hkload::manifest::{Blake3Digest, Sha256Digest};
-use hkload::target::TargetId;
 use hkload::{Bundle, Device, OpenOptions};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -246,10 +246,10 @@ fn module_file(dir: &std::path::Path, kernel: &str) -> Result<String, String> {
 fn extract(
     dir: &std::path::Path,
     file: String,
-    entry: &hkload::target::EntryId,
+    entry: &hk_format::target::EntryId,
 ) -> Result<Vec<u8>, String> {
     let bytes = std::fs::read(dir.join(&file)).map_err(|e| format!("{file}: {e}"))?;
-    hkload::offload::extract_entry(&bytes, &entry.to_string())
+    hk_format::offload::extract_entry(&bytes, &entry.to_string())
         .map(|image| image.into_owned())
         .map_err(|e| format!("{file}: {e}"))
 }

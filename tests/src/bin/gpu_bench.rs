@@ -37,12 +37,12 @@ use std::ptr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use hk_format::index::INDEX_FILE;
+use hk_format::offload::{self, OffloadBundle};
+use hk_format::target::EntryId;
 use hk_tests::kernels::all_cases;
 use hkload::driver::cuda::sys;
 use hkload::driver::{CudaDriver, Driver, ImageKind, LaunchDims, StreamHandle};
-use hkload::index::INDEX_FILE;
-use hkload::offload::{self, OffloadBundle};
-use hkload::target::EntryId;
 use hkload::{Arg, Bundle, Device, OpenOptions};
 use rand::SeedableRng;
 use rand::rngs::StdRng;

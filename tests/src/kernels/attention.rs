@@ -9,7 +9,7 @@
 //!
 //! Launch: the kernels' contract (`manifests/attention.toml`).
 
-use hkload::abi::{ScalarType, ScalarValue};
+use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
 use crate::case::{Case, CaseArg, Expect, grid_label};

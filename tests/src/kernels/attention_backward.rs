@@ -10,7 +10,7 @@
 //!
 //! Launch: the kernels' contracts (`manifests/attention_backward.toml`).
 
-use hkload::abi::{ScalarType, ScalarValue};
+use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
 use super::attention::{DIMS, Mask, Packed, Scoring, Shape, parallel_map, same, shape};

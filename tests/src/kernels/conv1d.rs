@@ -5,7 +5,7 @@
 //! `x` is `[batch, dim, seqlen]`, the filter `weight` is `[dim, width]` (and `bias` is `[dim]`),
 //! all in the one element type; `out` has the shape of `x`.
 
-use hkload::abi::{ScalarType, ScalarValue};
+use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
 use crate::case::{Case, CaseArg};

@@ -1,5 +1,5 @@
 //! FP8 conversions: the cases of `kernels/fp8_cast.hip`, bit for bit against the host's
-//! conversions ([`hkload::fp8`], whose own tests prove them against a brute-force nearest
+//! conversions ([`hk_format::fp8`], whose own tests prove them against a brute-force nearest
 //! value).
 //!
 //! Symbols (`F` in fp8_e4m3fn, fp8_e4m3fnuz, fp8_e5m2, fp8_e5m2fnuz; `P` empty for the
@@ -11,8 +11,8 @@
 //! every midpoint between neighbours and the floats either side of it, values past the largest
 //! (infinities too), NaNs of both signs, zeros of both signs and f32 subnormals.
 
-use hkload::abi::{ScalarType, ScalarValue};
-use hkload::fp8::Fp8Format;
+use hk_format::abi::{ScalarType, ScalarValue};
+use hk_format::fp8::Fp8Format;
 
 use crate::case::{Case, CaseArg, Expect};
 use crate::host::fp8_value;

@@ -34,7 +34,7 @@
 //! Launch: the contracts in `manifests/gemm.toml`; the split-K cases pick their own z, as any
 //! z is correct.
 
-use hkload::abi::{ScalarType, ScalarValue};
+use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
 use crate::case::{Case, CaseArg, Expect, grid_label};

@@ -24,7 +24,7 @@
 //! `p - 1` (0 shares one) and scales dense per product (`a_scale [batch][M]`, `b_scale
 //! [batch][N]`); each product's reference and bound are the unbatched one's.
 
-use hkload::abi::{ScalarType, ScalarValue};
+use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
 use crate::case::{Case, CaseArg, Expect, grid_label};

@@ -11,7 +11,7 @@
 //!
 //! Launch: the kernels' contract (`manifests/rmsnorm.toml`, `manifests/layernorm.toml`).
 
-use hkload::abi::{ScalarType, ScalarValue};
+use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
 use crate::case::{Case, CaseArg, Expect, grid_label};

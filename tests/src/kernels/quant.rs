@@ -13,8 +13,8 @@
 //! conversion) and so are compared exactly; the fused one is compared within one FP8 step,
 //! its RMS scale being the device's approximate `rsqrt`.
 
-use hkload::abi::{ScalarType, ScalarValue};
-use hkload::fp8::Fp8Format;
+use hk_format::abi::{ScalarType, ScalarValue};
+use hk_format::fp8::Fp8Format;
 use rand::Rng;
 
 use crate::case::{Case, CaseArg, Expect};

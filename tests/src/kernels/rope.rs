@@ -6,7 +6,7 @@
 //! angles of its position (cos/sin tables of shape `[positions, rot_dim / 2]`, always f32);
 //! the remaining `dim - rot_dim` elements are copied. The kernels write `out` and read `x`.
 
-use hkload::abi::{ScalarType, ScalarValue};
+use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
 use crate::case::{Case, CaseArg};

@@ -6,7 +6,7 @@
 //!
 //! Launch: the kernels' contract (`manifests/softmax.toml`).
 
-use hkload::abi::{ScalarType, ScalarValue};
+use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
 use crate::case::{Case, CaseArg, grid_label};

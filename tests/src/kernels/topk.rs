@@ -7,7 +7,7 @@
 
 use std::cmp::Ordering;
 
-use hkload::abi::{ScalarType, ScalarValue};
+use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
 use crate::case::{Case, CaseArg, Expect};

@@ -8,7 +8,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use hkload::offload;
+use hk_format::offload;
 
 /// The system allocator, noting the largest block each thread asks for.
 struct Watch;

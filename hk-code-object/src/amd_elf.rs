@@ -208,8 +208,8 @@ impl<'data> ExportedSymbols<'data> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::code_object::ArgKind;
-    use crate::code_object::tests::{AMD_KERNELS, compile_amd, kernel, slot};
+    use crate::ArgKind;
+    use crate::tests::{AMD_KERNELS, compile_amd, kernel, slot};
 
     /// The smallest useful code object, for the corruption test.
     const AMD_TINY: &str = r#"

@@ -88,7 +88,7 @@ digest_type!(
 /// What the index records of some bytes: their SHA-256, and since format 1.5 their BLAKE3.
 ///
 /// ```
-/// use hkload::digest::Digests;
+/// use hk_format::digest::Digests;
 ///
 /// let recorded = Digests::of(b"code image");
 /// assert_eq!(recorded.check(b"code image"), Ok(()));

@@ -7,7 +7,7 @@
 //! Parsing accepts features in any order; printing is always canonical (alphabetical, so
 //! `sramecc` before `xnack`), because older ROCm parsers accept no other order.
 //!
-//! Which entry runs on which device is decided in [`crate::select`].
+//! Which entry runs on which device is decided in hkload's `select`.
 //!
 //! Each concern has a file of its own: `processor` holds the table of AMD processors and what
 //! each supports, `id` the target IDs (and how an AMDGPU code object's `e_flags` spell one),

@@ -299,7 +299,7 @@ fn describe(value: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::code_object::tests::{AMD_KERNELS, compile_amd, metadata_value};
+    use crate::tests::{AMD_KERNELS, compile_amd, metadata_value};
 
     fn encode(value: &Value) -> Vec<u8> {
         let mut bytes = Vec::new();

@@ -18,7 +18,7 @@ enum Held {
 impl FileBytes {
     /// Maps the file at `path`. Its pages are read when first touched, so the parts of a file
     /// that are never used (other devices' code, other kernels' records) cost nothing.
-    pub(crate) fn map(path: &Path) -> std::io::Result<Self> {
+    pub fn map(path: &Path) -> std::io::Result<Self> {
         let file = File::open(path)?;
         // Mapping needs the length anyway; asking here too says what is wrong with a folder or
         // a device where a file belongs, which mmap reports only as "no such device".
@@ -38,7 +38,7 @@ impl FileBytes {
     /// one page fault at a time as the driver first touches them: for the code image about to
     /// be loaded. Only a hint: where it is refused (Linux before 5.14), the pages fault in as
     /// before.
-    pub(crate) fn prefetch(&self, part: &[u8]) {
+    pub fn prefetch(&self, part: &[u8]) {
         if let Held::Mapped(map) = &self.0 {
             let offset = part.as_ptr().addr().wrapping_sub(map.as_ptr().addr());
             if offset

@@ -408,7 +408,7 @@ fn read_thread_count(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::code_object::tests::{NVIDIA_KERNELS, compile_ptx, kernel, slot};
+    use crate::tests::{NVIDIA_KERNELS, compile_ptx, kernel, slot};
 
     #[test]
     fn lays_out_ptx_parameters_by_natural_or_declared_alignment() {

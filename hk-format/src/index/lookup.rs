@@ -30,7 +30,7 @@
 //! It says too whether the extension is there.
 //!
 //! Why the not-built targets here: a device for which a module is skipped on purpose (the FNUZ
-//! FP8 GEMMs on sm_90) would otherwise make [`crate::Bundle::load`] decode the whole manifest
+//! FP8 GEMMs on sm_90) would otherwise make hkload's `Bundle::load` decode the whole manifest
 //! to say so, which took choosing code objects from 1.6 to 59-75 µs in `gpu_bench`'s cold start
 //! on the H100 machine.
 

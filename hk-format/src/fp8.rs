@@ -23,7 +23,7 @@
 //! rounds to zero.
 //!
 //! ```
-//! use hkload::fp8::Fp8Format;
+//! use hk_format::fp8::Fp8Format;
 //!
 //! assert_eq!(Fp8Format::E4m3fn.decode(0x7E), 448.0);
 //! assert_eq!(Fp8Format::E4m3fnuz.decode(0x7E), 224.0); // the same bits, half the value

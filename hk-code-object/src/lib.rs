@@ -3,7 +3,7 @@
 //! For every kernel on every target, hkpack records what a launch has to get right and what the
 //! kernel costs: where each explicit argument sits in the argument buffer, how large and aligned
 //! that buffer is, and the resources the kernel claims (registers, spills, shared memory, stack,
-//! wave size, largest workgroup). This module owns reading those facts:
+//! wave size, largest workgroup). This crate owns reading those facts:
 //!
 //! * AMD, from a linked AMDGPU code object: its ELF header, its `NT_AMDGPU_METADATA` note (a
 //!   MessagePack map) and its symbol table ([`read_amd_code_object`]);
@@ -355,7 +355,7 @@ __attribute__((noinline)) __device__ float pick(const float* p, int i) {
 extern "C" __global__ void caller(const float* p, float* out, int i) { out[0] = pick(p, i); }
 "#;
 
-    pub(super) const PTXAS_REPORT: &str = include_str!("../../testdata/ptxas-sm_90.txt");
+    pub(super) const PTXAS_REPORT: &str = include_str!("../testdata/ptxas-sm_90.txt");
 
     /// Runs clang on `source` and returns its single output file.
     fn clang(source: &str, extension: &str, args: &[&str]) -> Vec<u8> {

@@ -192,8 +192,8 @@ fn ptxas_count(count: &str, item: &str) -> Result<u32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::code_object::read_ptx_entries;
-    use crate::code_object::tests::{NVIDIA_KERNELS, PTXAS_REPORT, compile_ptx, kernel};
+    use crate::read_ptx_entries;
+    use crate::tests::{NVIDIA_KERNELS, PTXAS_REPORT, compile_ptx, kernel};
 
     fn nvidia_kernels() -> Vec<KernelFacts> {
         read_ptx_entries(&compile_ptx(NVIDIA_KERNELS)).unwrap()

@@ -328,7 +328,7 @@ impl TargetId {
     /// [`TargetId::portable`], and is preferred there over portable code (`sm_90a`: compute
     /// capability 9.0 only, never 10.0 or 8.9). Devices never are.
     ///
-    /// [`crate::select`] asks only this and [`TargetId::portable`], never which vendor or
+    /// hkload's `select` asks only this and [`TargetId::portable`], never which vendor or
     /// suffix, so `sm_100a` and `sm_120a` follow the same rule. AMD has no such targets:
     /// every native AMD code object already runs on its own processor only. Should AMD code
     /// ever need instructions that only some devices of a processor have, a target that says

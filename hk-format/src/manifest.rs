@@ -73,7 +73,7 @@ pub const ABI_EXTENSION: &str = "abi.toml";
 /// fact `arch_specific` (no layout changed: a 1.6 reader refuses such a bundle when it parses
 /// its first `sm_90a` entry or binds such a contract, and this one reads 1.6 bundles as
 /// before); hkload reads 1.1 and 1.2 indexes too (their kernels launch only with explicit
-/// dimensions), and no bundle without an index (see [`crate::bundle`]).
+/// dimensions), and no bundle without an index.
 pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 7 };
 
 /// The first minor format that records BLAKE3 digests.
@@ -259,7 +259,7 @@ pub struct KernelRecord {
     #[serde(rename = "target")]
     pub targets: Vec<KernelAbi>,
     /// The launch contract (since format 1.3): launch shape, preconditions and every pointer's
-    /// extent. A kernel without one launches only through [`crate::Kernel::launch`], with
+    /// extent. A kernel without one launches only through hkload's `Kernel::launch`, with
     /// explicit dimensions.
     #[serde(default)]
     pub contract: Option<Contract>,
