@@ -224,6 +224,7 @@ pub struct ModuleAbi {
 impl ModuleAbi {
     /// Reads the ABI file of `module`, which must describe exactly the kernels the bundle
     /// manifest lists for it.
+    #[cfg(feature = "toml")]
     pub fn from_toml(text: &str, module: &ModuleRecord) -> Result<Self, ManifestError> {
         let abi: Self = toml::from_str(text).map_err(|e| ManifestError::Syntax(e.to_string()))?;
         abi.check_against(module)?;
@@ -231,6 +232,7 @@ impl ModuleAbi {
     }
 
     /// Checks that these are exactly the kernels the manifest lists for `module`, in order.
+    #[cfg(feature = "toml")]
     pub(crate) fn check_against(&self, module: &ModuleRecord) -> Result<(), ManifestError> {
         let symbols: Vec<&str> = self.kernels.iter().map(|k| k.symbol.as_str()).collect();
         if symbols != module.kernels {
@@ -245,6 +247,7 @@ impl ModuleAbi {
     }
 
     /// The ABI file as TOML text; deterministic for the same kernels.
+    #[cfg(feature = "toml")]
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("an ABI file always serialises: every key is a string")
     }
@@ -346,6 +349,7 @@ impl<'de> Deserialize<'de> for FormatVersion {
 
 impl BundleManifest {
     /// Reads a manifest from TOML text, refusing a newer major format.
+    #[cfg(feature = "toml")]
     pub fn from_toml(text: &str) -> Result<Self, ManifestError> {
         // Read the version alone first, so that a future format with other fields still
         // gets the helpful "too new" error instead of a field-by-field complaint.
@@ -366,6 +370,7 @@ impl BundleManifest {
     }
 
     /// The manifest as TOML text; deterministic for the same manifest.
+    #[cfg(feature = "toml")]
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("a bundle manifest always serialises: every key is a string")
     }

@@ -53,6 +53,7 @@ pub struct TargetPackage {
     pub package: Package,
 }
 
+#[cfg(feature = "toml")]
 impl TargetPackage {
     pub fn from_toml(text: &str) -> Result<Self, String> {
         toml::from_str(text).map_err(|e| e.message().trim_end().to_owned())

@@ -14,7 +14,10 @@
 use std::fmt;
 use std::str::FromStr;
 
-use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+#[cfg(feature = "signed")]
+use ed25519_dalek::{Signature, Verifier, VerifyingKey};
+#[cfg(feature = "write")]
+use ed25519_dalek::{Signer, SigningKey};
 use serde::{Deserialize, Serialize};
 
 /// The signature file's name inside a bundle folder.
@@ -26,6 +29,7 @@ pub const SIGNATURE_FILE: &str = "bundle.sig";
 pub struct PublicKey([u8; 32]);
 
 /// A key that signs bundles: 64 hex digits in its file (keep it secret).
+#[cfg(feature = "write")]
 pub struct SecretKey(SigningKey);
 
 /// What `bundle.sig` holds.
@@ -60,8 +64,14 @@ pub enum SignatureError {
         "`{0}` is not a key: write `ed25519:` and 64 hex digits (a public key), or 64 hex digits (a secret key)"
     )]
     BadKey(String),
+    #[error(
+        "keys are trusted, but this build of hkload cannot check signatures: enable its `signed` \
+         feature"
+    )]
+    Unsupported,
 }
 
+#[cfg(feature = "write")]
 impl SecretKey {
     /// The key made from 32 random bytes (the caller's responsibility: the OS's generator).
     pub fn from_seed(seed: [u8; 32]) -> Self {
@@ -86,6 +96,7 @@ impl SecretKey {
     }
 }
 
+#[cfg(feature = "write")]
 impl FromStr for SecretKey {
     type Err = SignatureError;
 
@@ -114,21 +125,27 @@ impl FromStr for PublicKey {
         let bad = || SignatureError::BadKey(text.to_owned());
         let hex_part = text.trim().strip_prefix("ed25519:").ok_or_else(bad)?;
         let bytes = unhex::<32>(hex_part).ok_or_else(bad)?;
+        // Whether the bytes are a point of the curve: only a build that checks signatures can
+        // tell, and only it uses the key.
+        #[cfg(feature = "signed")]
         VerifyingKey::from_bytes(&bytes).map_err(|_| bad())?;
         Ok(Self(bytes))
     }
 }
 
 impl SignatureFile {
+    #[cfg(feature = "signed")]
     pub fn from_toml(text: &str) -> Result<Self, SignatureError> {
         toml::from_str(text).map_err(|e| SignatureError::Malformed(e.message().to_owned()))
     }
 
+    #[cfg(feature = "write")]
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("a signature file holds two strings")
     }
 
     /// Checks that a trusted key signed `index`.
+    #[cfg(feature = "signed")]
     pub fn check(&self, index: &[u8], trusted: &[PublicKey]) -> Result<(), SignatureError> {
         if !trusted.contains(&self.key) {
             let trusted: Vec<String> = trusted.iter().map(ToString::to_string).collect();
@@ -164,7 +181,7 @@ fn unhex<const N: usize>(text: &str) -> Option<[u8; N]> {
     Some(out)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "write"))]
 mod tests {
     use super::*;
 

@@ -38,8 +38,12 @@ pub mod lookup;
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
-use serde::{Deserialize, Serialize};
-use serde_bytes::{ByteBuf, Bytes};
+use serde::Deserialize;
+#[cfg(feature = "write")]
+use serde::Serialize;
+use serde_bytes::ByteBuf;
+#[cfg(feature = "write")]
+use serde_bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use crate::file::FileBytes;
@@ -97,6 +101,7 @@ impl std::fmt::Debug for Index {
 
 impl Index {
     /// The index file for `manifest` and its modules' ABIs (in module order).
+    #[cfg(feature = "write")]
     pub fn encode(manifest: &BundleManifest, abis: &[ModuleAbi]) -> Vec<u8> {
         let kernels: Vec<Vec<ByteBuf>> = abis
             .iter()
@@ -347,6 +352,7 @@ fn decode_records(
 }
 
 /// MessagePack with structs as arrays: the smallest and fastest form to decode.
+#[cfg(feature = "write")]
 fn compact<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     rmp_serde::to_vec(value).expect("bundle records always encode: every map key is a string")
 }

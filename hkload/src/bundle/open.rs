@@ -11,7 +11,9 @@ use crate::error::{Error, Result};
 use crate::index::{INDEX_FILE, Index};
 use crate::manifest::{MANIFEST_FILE, Package, Sha256Digest};
 use crate::package_set::{self, FoundPackage, TARGET_FILE, TargetPackage};
-use crate::signing::{PublicKey, SIGNATURE_FILE, SignatureError, SignatureFile};
+#[cfg(feature = "signed")]
+use crate::signing::SignatureFile;
+use crate::signing::{PublicKey, SIGNATURE_FILE, SignatureError};
 use crate::target::TargetId;
 
 /// How [`Bundle::open_with`] treats the files it reads.
@@ -187,19 +189,12 @@ impl Bundle {
         }
         if !options.trusted_keys.is_empty() {
             let signature_path = origin.join(SIGNATURE_FILE);
-            let signature = match source.read(&signature_path, SIGNATURE_FILE) {
-                Ok(text) => String::from_utf8(text.to_vec())
-                    .map_err(|_| SignatureError::Malformed("it is not UTF-8 text".into()))
-                    .and_then(|text| SignatureFile::from_toml(&text)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(SignatureError::Unsigned),
-                Err(e) => Err(SignatureError::Malformed(e.to_string())),
-            };
-            signature
-                .and_then(|file| file.check(&bytes, &options.trusted_keys))
-                .map_err(|source| Error::Signature {
+            check_signature(&source, &signature_path, &bytes, &options.trusted_keys).map_err(
+                |source| Error::Signature {
                     path: signature_path,
                     source,
-                })?;
+                },
+            )?;
         }
         let index = Index::open(bytes, options.verifies()).map_err(index_error(&origin))?;
         Ok(Self::assemble(origin, source, index, options))
@@ -224,6 +219,35 @@ impl Bundle {
     }
 }
 
+/// Checks that one of `trusted` signed the index `bytes`, by the signature file at `path`.
+#[cfg(feature = "signed")]
+fn check_signature(
+    source: &Source,
+    path: &Path,
+    bytes: &[u8],
+    trusted: &[PublicKey],
+) -> Result<(), SignatureError> {
+    let file = match source.read(path, SIGNATURE_FILE) {
+        Ok(text) => String::from_utf8(text.to_vec())
+            .map_err(|_| SignatureError::Malformed("it is not UTF-8 text".into()))
+            .and_then(|text| SignatureFile::from_toml(&text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(SignatureError::Unsigned),
+        Err(e) => Err(SignatureError::Malformed(e.to_string())),
+    }?;
+    file.check(bytes, trusted)
+}
+
+/// A build without the `signed` feature cannot check a signature, so trusting keys is an error.
+#[cfg(not(feature = "signed"))]
+fn check_signature(
+    _source: &Source,
+    _path: &Path,
+    _bytes: &[u8],
+    _trusted: &[PublicKey],
+) -> Result<(), SignatureError> {
+    Err(SignatureError::Unsupported)
+}
+
 /// Reads the package at `dir` and checks that it is `target`'s package of the index `index`
 /// (at `index_dir`), split from that very index.
 pub(crate) fn check_target_package(
@@ -238,7 +262,7 @@ pub(crate) fn check_target_package(
         path: path.clone(),
         detail: e.to_string(),
     })?;
-    let found = TargetPackage::from_toml(&text).map_err(|detail| crate::Error::Io {
+    let found = read_target_package(&text).map_err(|detail| crate::Error::Io {
         path: path.clone(),
         detail: format!("it is not a target package's description: {detail}"),
     })?;
@@ -260,6 +284,22 @@ pub(crate) fn check_target_package(
         dir: dir.to_owned(),
         target: *target,
     })
+}
+
+#[cfg(feature = "packages")]
+fn read_target_package(text: &str) -> Result<TargetPackage, String> {
+    TargetPackage::from_toml(text)
+}
+
+/// A build without the `packages` feature reads no `target.toml` (TOML), so it finds packages
+/// but cannot use them.
+#[cfg(not(feature = "packages"))]
+fn read_target_package(_text: &str) -> Result<TargetPackage, String> {
+    Err(
+        "this build of hkload reads no per-target packages: enable its `packages` feature, or \
+         open the full bundle"
+            .into(),
+    )
 }
 
 /// `hk-kernels 0.1.0 for gfx942, index 3b1f…`: enough to tell two builds apart.

@@ -17,9 +17,17 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
-use std::io::Read;
 
-use md5::{Digest, Md5};
+#[cfg(feature = "compressed")]
+mod compressed;
+#[cfg(not(feature = "compressed"))]
+#[path = "uncompressed_only.rs"]
+mod compressed;
+#[cfg(feature = "write")]
+mod write;
+
+#[cfg(feature = "write")]
+pub use write::{compress, write_bundle};
 
 /// How an uncompressed bundle starts; no NUL follows it.
 pub const BUNDLE_MAGIC: &[u8; 24] = b"__CLANG_OFFLOAD_BUNDLE__";
@@ -278,147 +286,6 @@ fn check_padding(bytes: &[u8], start: u64, end: u64) -> Result<(), FormatError> 
     }
 }
 
-/// Writes an uncompressed bundle: entries in the given order, each non-empty one at the next
-/// multiple of [`CODE_OBJECT_ALIGN`], zero padding, nothing after the last, no host entry.
-/// An empty entry takes the current position, so it never adds padding.
-pub fn write_bundle(entries: &[(&str, &[u8])]) -> Result<Vec<u8>, FormatError> {
-    let sizes: Vec<(&str, u64)> = entries
-        .iter()
-        .map(|&(id, bytes)| (id, widen(bytes.len())))
-        .collect();
-    let layout = Layout::plan(&sizes)?;
-
-    let mut out = Vec::with_capacity(narrow(layout.file_len)?);
-    out.extend_from_slice(BUNDLE_MAGIC);
-    out.extend_from_slice(&widen(entries.len()).to_le_bytes());
-    for (&(id, bytes), &offset) in entries.iter().zip(&layout.offsets) {
-        out.extend_from_slice(&offset.to_le_bytes());
-        out.extend_from_slice(&widen(bytes.len()).to_le_bytes());
-        out.extend_from_slice(&widen(id.len()).to_le_bytes());
-        out.extend_from_slice(id.as_bytes());
-    }
-    for (&(_, bytes), &offset) in entries.iter().zip(&layout.offsets) {
-        out.resize(narrow(offset)?, 0);
-        out.extend_from_slice(bytes);
-    }
-    Ok(out)
-}
-
-/// Where [`write_bundle`] puts things, worked out from sizes alone.
-#[derive(Debug)]
-struct Layout {
-    offsets: Vec<u64>,
-    file_len: u64,
-}
-
-impl Layout {
-    fn plan(entries: &[(&str, u64)]) -> Result<Self, FormatError> {
-        if entries.is_empty() {
-            return Err(FormatError::NoEntries);
-        }
-        let mut seen = HashSet::new();
-        let mut header_len = BUNDLE_PREFIX_LEN;
-        for (index, &(id, _)) in entries.iter().enumerate() {
-            if id.is_empty() {
-                return Err(FormatError::EmptyId { index });
-            }
-            if !seen.insert(id) {
-                return Err(FormatError::DuplicateId { id: id.into() });
-            }
-            header_len = DESCRIPTOR_FIXED_LEN
-                .checked_add(widen(id.len()))
-                .and_then(|descriptor_len| header_len.checked_add(descriptor_len))
-                .ok_or(FormatError::BundleTooLarge)?;
-        }
-        if header_len > HEADER_WINDOW {
-            return Err(FormatError::HeaderTooLarge {
-                count: entries.len(),
-                header_len,
-            });
-        }
-
-        let mut offsets = Vec::with_capacity(entries.len());
-        let mut end = header_len;
-        for &(_, size) in entries {
-            let offset = if size == 0 {
-                Some(end)
-            } else {
-                end.checked_next_multiple_of(CODE_OBJECT_ALIGN)
-            };
-            let offset = offset.ok_or(FormatError::BundleTooLarge)?;
-            end = offset
-                .checked_add(size)
-                .ok_or(FormatError::BundleTooLarge)?;
-            offsets.push(offset);
-        }
-        Ok(Self {
-            offsets,
-            file_len: end,
-        })
-    }
-}
-
-/// Compresses a whole uncompressed bundle into CCOB version 2 (24-byte header, method 1 = zstd,
-/// total size, uncompressed size, hash = first 8 bytes of MD5(uncompressed)). The input is
-/// parsed first, so a CCOB never wraps anything but a valid bundle.
-///
-/// Version 2 rather than LLVM's newer default 3: it is what HIP runtimes since ROCm 6.2 read,
-/// and its 32-bit sizes hold any bundle below [`MAX_UNCOMPRESSED_SIZE`].
-pub fn compress(bundle: &[u8], level: i32) -> Result<Vec<u8>, FormatError> {
-    OffloadBundle::parse(bundle)?;
-    let uncompressed_size = widen(bundle.len());
-    check_uncompressed_size(uncompressed_size)?;
-    let payload =
-        zstd::bulk::compress(bundle, level).map_err(|error| FormatError::ZstdCompress {
-            detail: error.to_string(),
-        })?;
-    let header = CompressedHeader {
-        total_size: CompressedVersion::V2
-            .header_len()
-            .checked_add(widen(payload.len())),
-        uncompressed_size,
-        hash: md5_prefix(bundle),
-    };
-    let mut out = Vec::new();
-    header.write_v2(&mut out)?;
-    out.extend_from_slice(&payload);
-    // What we write must read back.
-    check_compression_ratio(uncompressed_size, widen(out.len()))?;
-    Ok(out)
-}
-
-/// The zstd stream inside a CCOB file and the header that describes it, after checking the
-/// header against the file: its total size, and the uncompressed size against the cap.
-fn open_compressed(
-    bytes: &[u8],
-) -> Result<
-    (
-        CompressedHeader,
-        zstd::stream::read::Decoder<'static, &[u8]>,
-    ),
-    FormatError,
-> {
-    let (header, header_len) = CompressedHeader::parse(bytes)?;
-    let file_len = widen(bytes.len());
-    if let Some(declared) = header.total_size.filter(|&declared| declared != file_len) {
-        return Err(FormatError::CompressedSizeMismatch {
-            declared,
-            len: file_len,
-        });
-    }
-    check_uncompressed_size(header.uncompressed_size)?;
-    check_compression_ratio(header.uncompressed_size, file_len)?;
-    let payload = bytes.get(header_len..).unwrap_or_default();
-    let decoder = zstd::stream::read::Decoder::with_buffer(payload).map_err(zstd_error)?;
-    Ok((header, decoder))
-}
-
-fn zstd_error(error: std::io::Error) -> FormatError {
-    FormatError::ZstdDecompress {
-        detail: error.to_string(),
-    }
-}
-
 /// If `bytes` is a CCOB, decompresses it (versions 1, 2 and 3; zstd only), checking every
 /// header field against the file and the result, the MD5 prefix included (LLVM does not check
 /// it on load). Otherwise returns the bytes borrowed.
@@ -426,45 +293,7 @@ pub fn decompress(bytes: &[u8]) -> Result<Cow<'_, [u8]>, FormatError> {
     if !is_compressed(bytes) {
         return Ok(Cow::Borrowed(bytes));
     }
-    let (header, mut decoder) = open_compressed(bytes)?;
-    let mut bundle = Vec::new();
-    read_rest(&mut decoder, &mut bundle, &header)?;
-    Ok(Cow::Owned(bundle))
-}
-
-/// Reads what is left of a CCOB's stream onto `bundle` and checks the whole against the
-/// header: exactly the declared size, and the MD5 prefix (LLVM does not check it on load).
-fn read_rest(
-    decoder: impl Read,
-    bundle: &mut Vec<u8>,
-    header: &CompressedHeader,
-) -> Result<(), FormatError> {
-    let declared = header.uncompressed_size;
-    // Reading one byte past the promised size is enough to tell a lying header from an honest
-    // one, and never lets the output grow beyond the cap.
-    let left = declared.saturating_sub(widen(bundle.len()));
-    // The size is capped by `open_compressed`, absolutely and relative to the file, so reserving
-    // it up front is safe and saves regrowing.
-    bundle.reserve_exact(narrow(left)?);
-    decoder
-        .take(left.saturating_add(1))
-        .read_to_end(bundle)
-        .map_err(zstd_error)?;
-    let actual = widen(bundle.len());
-    if actual > declared {
-        return Err(FormatError::UncompressedTooLong { declared });
-    }
-    if actual < declared {
-        return Err(FormatError::UncompressedTooShort { declared, actual });
-    }
-    let actual = md5_prefix(bundle);
-    if actual != header.hash {
-        return Err(FormatError::HashMismatch {
-            recorded: header.hash,
-            actual,
-        });
-    }
-    Ok(())
+    compressed::decompress(bytes).map(Cow::Owned)
 }
 
 /// The code object `id` of a bundle, plain or compressed. From a plain bundle, the header is
@@ -484,209 +313,12 @@ pub fn extract_entry<'a>(bytes: &'a [u8], id: &str) -> Result<Cow<'a, [u8]>, For
             .ok_or_else(|| FormatError::NoSuchEntry { id: id.into() })?;
         return code_object(bytes, header_len, descriptor).map(Cow::Borrowed);
     }
-    let (header, mut decoder) = open_compressed(bytes)?;
-    let declared = header.uncompressed_size;
-    let mut bundle = Vec::new();
-    // Reads until `bundle` holds `len` bytes (at most `declared`); a stream that ends sooner is
-    // shorter than its header says.
-    let mut fill = |bundle: &mut Vec<u8>, len: u64| -> Result<(), FormatError> {
-        let want = len.min(declared);
-        let have = widen(bundle.len());
-        if have < want {
-            (&mut decoder)
-                .take(want - have)
-                .read_to_end(bundle)
-                .map_err(zstd_error)?;
-        }
-        let actual = widen(bundle.len());
-        if actual < want {
-            return Err(FormatError::UncompressedTooShort { declared, actual });
-        }
-        Ok(())
-    };
-
-    // The header comes first; ours fit in the first 4096 bytes, others may need more.
-    let mut window = HEADER_WINDOW;
-    let (offset, size, last) = loop {
-        fill(&mut bundle, window)?;
-        match read_header(&bundle, declared) {
-            Ok((descriptors, _)) => {
-                let (offset, size) = descriptors
-                    .iter()
-                    .find(|(entry, ..)| *entry == id)
-                    .map(|&(_, offset, size)| (offset, size))
-                    .ok_or_else(|| FormatError::NoSuchEntry { id: id.into() })?;
-                let end = offset.saturating_add(size);
-                let last = descriptors
-                    .iter()
-                    .all(|&(_, o, s)| o.saturating_add(s) <= end);
-                break (offset, size, last);
-            }
-            Err(FormatError::HeaderTruncated { .. }) if widen(bundle.len()) < declared => {
-                window = window.saturating_mul(2);
-            }
-            Err(error) => return Err(error),
-        }
-    };
-    let end = offset
-        .checked_add(size)
-        .filter(|&end| end <= declared)
-        .ok_or_else(|| FormatError::EntryOutOfBounds {
-            id: id.into(),
-            offset,
-            size,
-            len: declared,
-        })?;
-    if last {
-        // Nothing would be left to skip: read the whole and check it as `decompress` does.
-        read_rest(&mut decoder, &mut bundle, &header)?;
-    } else {
-        // `end` is at most the capped declared size, so reserving it is safe and saves regrowing.
-        bundle.reserve_exact(narrow(end)?.saturating_sub(bundle.len()));
-        fill(&mut bundle, end)?;
-    }
-    let range = narrow(offset)?..narrow(end)?;
-    Ok(Cow::Owned(bundle.get(range).unwrap_or_default().to_vec()))
+    compressed::extract_entry(bytes, id)
 }
 
 /// Whether `bytes` starts like a compressed bundle.
 pub fn is_compressed(bytes: &[u8]) -> bool {
     bytes.starts_with(CCOB_MAGIC)
-}
-
-fn check_uncompressed_size(size: u64) -> Result<(), FormatError> {
-    if size > MAX_UNCOMPRESSED_SIZE {
-        return Err(FormatError::UncompressedTooLarge { size });
-    }
-    Ok(())
-}
-
-/// Refuses a compressed file of `len` bytes that claims to hold more than
-/// [`MAX_COMPRESSION_RATIO`] allows, before anything of the claimed size is reserved.
-fn check_compression_ratio(declared: u64, len: u64) -> Result<(), FormatError> {
-    let limit = len
-        .saturating_mul(MAX_COMPRESSION_RATIO)
-        .saturating_add(UNCOMPRESSED_ALLOWANCE);
-    if declared > limit {
-        return Err(FormatError::UncompressedImplausible {
-            declared,
-            len,
-            limit,
-        });
-    }
-    Ok(())
-}
-
-/// The first 8 bytes of the MD5 digest: what LLVM stores as `MD5Result::low()`.
-fn md5_prefix(bytes: &[u8]) -> [u8; 8] {
-    let digest = Md5::digest(bytes);
-    let mut prefix = [0; 8];
-    prefix.copy_from_slice(&digest[..8]);
-    prefix
-}
-
-/// The CCOB header layouts, told apart by the version field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CompressedVersion {
-    /// Legacy, read only: 32-bit uncompressed size, no total size.
-    V1,
-    /// 32-bit total and uncompressed sizes; what we write.
-    V2,
-    /// 64-bit total and uncompressed sizes; LLVM's default since 2025.
-    V3,
-}
-
-impl CompressedVersion {
-    fn from_number(number: u16) -> Option<Self> {
-        match number {
-            1 => Some(Self::V1),
-            2 => Some(Self::V2),
-            3 => Some(Self::V3),
-            _ => None,
-        }
-    }
-
-    fn number(self) -> u16 {
-        match self {
-            Self::V1 => 1,
-            Self::V2 => 2,
-            Self::V3 => 3,
-        }
-    }
-
-    /// The whole header's length, magic included.
-    fn header_len(self) -> u64 {
-        match self {
-            Self::V1 => 20,
-            Self::V2 => 24,
-            Self::V3 => 32,
-        }
-    }
-}
-
-/// The fields of a CCOB header that vary between files, whatever the header's version.
-#[derive(Debug, PartialEq, Eq)]
-struct CompressedHeader {
-    /// The whole file's length, header included; version 1 does not record it.
-    total_size: Option<u64>,
-    uncompressed_size: u64,
-    hash: [u8; 8],
-}
-
-impl CompressedHeader {
-    /// Magic, version and method: the part every version shares.
-    const COMMON_LEN: u64 = 8;
-
-    /// Reads the header of a file that starts with [`CCOB_MAGIC`]; returns it with its length.
-    fn parse(bytes: &[u8]) -> Result<(Self, usize), FormatError> {
-        let file_len = widen(bytes.len());
-        let needs = |needed| FormatError::CompressedHeaderTruncated {
-            needed,
-            len: file_len,
-        };
-        let mut reader = Reader::at(bytes, CCOB_MAGIC.len());
-        let (Some(number), Some(method)) = (reader.u16(), reader.u16()) else {
-            return Err(needs(Self::COMMON_LEN));
-        };
-        let version = CompressedVersion::from_number(number)
-            .ok_or(FormatError::UnsupportedVersion { version: number })?;
-        if method != METHOD_ZSTD {
-            return Err(FormatError::UnsupportedMethod { method });
-        }
-        let header = Self::read_fields(&mut reader, version).ok_or(needs(version.header_len()))?;
-        Ok((header, reader.position))
-    }
-
-    /// Reads what follows the method field; `None` if the file ends first.
-    fn read_fields(reader: &mut Reader<'_>, version: CompressedVersion) -> Option<Self> {
-        let (total_size, uncompressed_size) = match version {
-            CompressedVersion::V1 => (None, u64::from(reader.u32()?)),
-            CompressedVersion::V2 => (Some(u64::from(reader.u32()?)), u64::from(reader.u32()?)),
-            CompressedVersion::V3 => (Some(reader.u64()?), reader.u64()?),
-        };
-        Some(Self {
-            total_size,
-            uncompressed_size,
-            hash: reader.array()?,
-        })
-    }
-
-    /// Appends the header in version 2 form, whose sizes are 32-bit.
-    fn write_v2(&self, out: &mut Vec<u8>) -> Result<(), FormatError> {
-        let narrow_u32 = |size: Option<u64>| {
-            size.and_then(|size| u32::try_from(size).ok())
-                .ok_or(FormatError::BundleTooLarge)
-        };
-        let total_size = narrow_u32(self.total_size)?;
-        let uncompressed_size = narrow_u32(Some(self.uncompressed_size))?;
-        out.extend_from_slice(CCOB_MAGIC);
-        out.extend_from_slice(&CompressedVersion::V2.number().to_le_bytes());
-        out.extend_from_slice(&METHOD_ZSTD.to_le_bytes());
-        out.extend_from_slice(&total_size.to_le_bytes());
-        out.extend_from_slice(&uncompressed_size.to_le_bytes());
-        out.extend_from_slice(&self.hash);
-        Ok(())
-    }
 }
 
 /// A forward-only cursor over untrusted bytes; every read is bounds-checked.
@@ -714,10 +346,12 @@ impl<'a> Reader<'a> {
         self.take(widen(N))?.try_into().ok()
     }
 
+    #[cfg(feature = "compressed")]
     fn u16(&mut self) -> Option<u16> {
         self.array().map(u16::from_le_bytes)
     }
 
+    #[cfg(feature = "compressed")]
     fn u32(&mut self) -> Option<u32> {
         self.array().map(u32::from_le_bytes)
     }
@@ -1014,11 +648,23 @@ pub enum FormatError {
 
     #[error("zstd could not compress the bundle: {detail}")]
     ZstdCompress { detail: String },
+
+    #[error(
+        "the module file is a compressed bundle (CCOB), and this build reads only uncompressed \
+         ones: enable hkload's `compressed` feature, or rebuild the bundle without `hkpack \
+         build --compress`"
+    )]
+    CompressedUnsupported,
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "write"))]
 mod tests {
+    use super::compressed::{
+        CompressedHeader, check_compression_ratio, check_uncompressed_size, md5_prefix,
+    };
+    use super::write::Layout;
     use super::*;
+    use md5::{Digest, Md5};
 
     const GFX90A: &str = "hipv4-amdgcn-amd-amdhsa--gfx90a";
     const GFX942: &str = "hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-";
