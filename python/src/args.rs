@@ -10,58 +10,11 @@ use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::{PyFloat, PyInt};
 
-use crate::errors::Exception;
+use crate::dlpack;
+use crate::errors::{Exception, Refusal};
+use crate::memory::MemoryKind;
 use crate::pointer::PyPointer;
-use crate::{dlpack, torch::Torch};
-
-/// Where a device's memory lives, in the words of Python's array libraries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MemoryKind {
-    /// NVIDIA GPU memory (torch `cuda`, DLPack `kDLCUDA`).
-    Cuda,
-    /// AMD GPU memory (torch `cuda` in ROCm builds, DLPack `kDLROCM`).
-    Rocm,
-    /// Host memory: a simulated device's, whose driver never dereferences a pointer.
-    Host,
-}
-
-impl MemoryKind {
-    /// The memory of devices of the driver named `api`.
-    pub(crate) fn of_api(api: &str) -> Self {
-        match api {
-            "hip" => Self::Rocm,
-            "recording" => Self::Host,
-            _ => Self::Cuda,
-        }
-    }
-
-    pub(crate) fn describe(self) -> &'static str {
-        match self {
-            Self::Cuda => "a CUDA device",
-            Self::Rocm => "a ROCm device",
-            Self::Host => "a simulated device, whose memory is host memory",
-        }
-    }
-}
-
-/// Contiguous memory, as a launch sees it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Memory {
-    pub(crate) ptr: u64,
-    pub(crate) device: usize,
-    pub(crate) elem: ScalarType,
-    pub(crate) len: usize,
-}
-
-/// Why an argument cannot be passed: its kind (`TypeError`) or its value (`ValueError`); the
-/// text completes "kernel `k` argument 1 (`x: *const bf16`) …".
-#[derive(Debug)]
-pub(crate) enum Refusal {
-    /// What was given instead of what the parameter takes.
-    Type(String),
-    /// What is wrong with the value.
-    Value(String),
-}
+use crate::torch::Torch;
 
 /// One argument's place in a call, for messages.
 pub(crate) struct ArgPlace<'a> {

@@ -9,7 +9,8 @@ use hkload::abi::ScalarType;
 use pyo3::prelude::*;
 use pyo3::{ffi, intern};
 
-use crate::args::{Memory, MemoryKind, Refusal};
+use crate::errors::Refusal;
+use crate::memory::{Memory, MemoryKind};
 
 /// DLPack's device types that hkload's devices use (`DLDeviceType`).
 const CPU: i32 = 1;

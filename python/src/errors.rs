@@ -1,4 +1,5 @@
-//! hkload's errors as the Python exceptions of `hkload/errors.py`, with the crate's own text.
+//! hkload's errors as the Python exceptions of `hkload/errors.py`, with the crate's own text,
+//! and the refusal of a kernel argument that becomes one.
 
 use hkload::{Error, LaunchError};
 use pyo3::prelude::*;
@@ -38,6 +39,17 @@ impl Exception {
             Err(missing) => missing,
         })
     }
+}
+
+/// Why an argument cannot be passed: its kind (`TypeError`, raised as
+/// [`Exception::LaunchType`]) or its value (`ValueError`, raised as
+/// [`Exception::LaunchValue`]); the text completes "kernel `k` argument 1 (`x: *const bf16`) …".
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// What was given instead of what the parameter takes.
+    Type(String),
+    /// What is wrong with the value.
+    Value(String),
 }
 
 fn class(py: Python<'_>, exception: Exception) -> PyResult<Bound<'_, PyType>> {

@@ -8,10 +8,11 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::args::{self, ArgPlace, MemoryKind};
-use crate::bundle::PySignature;
+use crate::args::{self, ArgPlace};
 use crate::device::PyDevice;
 use crate::errors::to_py;
+use crate::memory::MemoryKind;
+use crate::signature::PySignature;
 use crate::torch::Torch;
 
 /// A bundle loaded on one device: every kernel is an attribute

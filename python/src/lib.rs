@@ -12,7 +12,9 @@ mod device;
 mod dlpack;
 mod errors;
 mod kernels;
+mod memory;
 mod pointer;
+mod signature;
 mod torch;
 
 use pyo3::prelude::*;
@@ -20,8 +22,8 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<bundle::PyBundle>()?;
-    m.add_class::<bundle::PySignature>()?;
-    m.add_class::<bundle::PyParam>()?;
+    m.add_class::<signature::PySignature>()?;
+    m.add_class::<signature::PyParam>()?;
     m.add_class::<device::PyDevice>()?;
     m.add_class::<kernels::PyKernels>()?;
     m.add_class::<kernels::PyKernel>()?;

@@ -8,7 +8,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
 
-use crate::args::{Memory, MemoryKind, Refusal};
+use crate::errors::Refusal;
+use crate::memory::{Memory, MemoryKind};
 
 /// What hkload uses of an imported torch.
 pub(crate) struct Torch {
