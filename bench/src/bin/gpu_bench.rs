@@ -47,8 +47,8 @@ use hkload::{Arg, Bundle, Device, OpenOptions};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
+use hk_bench::timing::Stats;
 use hk_tests::device_case::{CaseBuffers, Sizing, run_case};
-use hk_tests::timing::Stats;
 
 const USAGE: &str = "usage: gpu_bench <bundle folder> [--kernel NAME]";
 

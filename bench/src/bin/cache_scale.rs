@@ -4,9 +4,9 @@
 //! with the remote warm.
 //!
 //! ```text
-//! cargo run --release -p hkpack --example cache_scale [-- MODULES [TARGETS]]
-//! cargo run --release -p hkpack --example cache_scale -- 1000 gfx942,sm_90
-//! HKPACK_CACHE_URL=redis://127.0.0.1:6379/0 cargo run --release -p hkpack --example cache_scale
+//! cargo run --release -p hk-bench --bin cache_scale [-- MODULES [TARGETS]]
+//! cargo run --release -p hk-bench --bin cache_scale -- 1000 gfx942,sm_90
+//! HKPACK_CACHE_URL=redis://127.0.0.1:6379/0 cargo run --release -p hk-bench --bin cache_scale
 //! ```
 //!
 //! The remote is `HKPACK_CACHE_URL` if set, else a folder in the benchmark's temporary

@@ -2,7 +2,7 @@
 //! repository's kernels, and compares bundle sizes compressed and plain. Prints tables.
 //!
 //! ```text
-//! cargo run --release -p hkpack --example build_bench [-- REPEATS]
+//! cargo run --release -p hk-bench --bin build_bench [-- REPEATS]
 //! ```
 //!
 //! Each run works on a private copy of `manifests/` and `kernels/` with an empty cache, so the

@@ -19,11 +19,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
+use hk_bench::timing::Stats;
 use hk_format::manifest::{Blake3Digest, Sha256Digest};
 use hk_format::target::TargetId;
 use hk_tests::device_case::CaseBuffers;
 use hk_tests::kernels::all_cases;
-use hk_tests::timing::Stats;
 use hkload::driver::{RecordingDriver, StreamHandle};
 use hkload::{Bundle, Device, OpenOptions};
 use rand::SeedableRng;

@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
 use half::bf16;
+use hk_bench::timing::Stats;
 use hk_format::abi::{ScalarType, ScalarValue};
 use hk_tests::host::{POISON_BYTE, decode};
 use hk_tests::kernels::activation::{Activation, act_and_mul};
@@ -47,7 +48,6 @@ use hk_tests::kernels::norm::{NormKind, layernorm, residual_add, rmsnorm};
 use hk_tests::kernels::rope::{self, RopeStyle, rope_tables};
 use hk_tests::kernels::softmax::softmax;
 use hk_tests::kernels::topk::topk;
-use hk_tests::timing::Stats;
 use hkload::driver::cuda::{EVENT_SYMBOLS, sys};
 use hkload::driver::{CudaDriver, DevicePtr, StreamHandle};
 use hkload::{Arg, Bundle, Device, DeviceBuffer, Kernel, RawPointer};
