@@ -3,7 +3,7 @@
 //! the input is a manifest, else against a one-kernel module.
 #![no_main]
 
-use hk_format::manifest::{BundleManifest, ModuleAbi, ModuleRecord, Sha256Digest};
+use hk_format::manifest::{Blake3Digest, BundleManifest, ModuleAbi, ModuleRecord, Sha256Digest};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {
@@ -27,7 +27,7 @@ fuzz_target!(|bytes: &[u8]| {
             abi_sha256: Sha256Digest([0; 32]),
             entries: Vec::new(),
             not_built: Vec::new(),
-            blake3: None,
+            blake3: Blake3Digest([0; 32]),
         },
     };
     if let Ok(abi) = ModuleAbi::from_toml(text, &module) {

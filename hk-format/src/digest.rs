@@ -1,6 +1,6 @@
-//! The digests a bundle records of its bytes: SHA-256 (every format; what `sha256sum`, LLVM-side
-//! tools and `hkpack verify` check) and, since format 1.5, BLAKE3 beside it for each code image
-//! and module file, which is what hkload checks on its load path.
+//! The digests a bundle records of its bytes: SHA-256 (what `sha256sum`, LLVM-side tools and
+//! `hkpack verify` check) and BLAKE3 beside it for each code image and module file, which is
+//! what hkload checks on its load path.
 //!
 //! Why two: verifying a 661 KiB cubin with SHA-256 took about 320 µs on the development machine
 //! (SHA extensions), longer than the CUDA driver takes to load it on the H100 machine, and made
@@ -85,7 +85,7 @@ digest_type!(
     |bytes: &[u8]| *blake3::hash(bytes).as_bytes()
 );
 
-/// What the index records of some bytes: their SHA-256, and since format 1.5 their BLAKE3.
+/// What the index records of some bytes: their SHA-256 and their BLAKE3.
 ///
 /// ```
 /// use hk_format::digest::Digests;
@@ -98,7 +98,7 @@ digest_type!(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Digests {
     pub sha256: Sha256Digest,
-    pub blake3: Option<Blake3Digest>,
+    pub blake3: Blake3Digest,
 }
 
 impl Digests {
@@ -106,37 +106,29 @@ impl Digests {
     pub fn of(bytes: &[u8]) -> Self {
         Self {
             sha256: Sha256Digest::of(bytes),
-            blake3: Some(Blake3Digest::of(bytes)),
+            blake3: Blake3Digest::of(bytes),
         }
     }
 
-    /// Checks `bytes` against the fastest digest recorded (BLAKE3 where there is one, else
-    /// SHA-256); on a mismatch, says which digest differs and both values.
+    /// Checks `bytes` against the faster digest, the BLAKE3; on a mismatch, says so with both
+    /// values. (`hkpack verify` checks the SHA-256 too.)
     pub fn check(&self, bytes: &[u8]) -> Result<(), String> {
-        let (name, found, expected) = match self.blake3 {
-            Some(expected) => ("BLAKE3", Blake3Digest::of(bytes).0, expected.0),
-            None => ("SHA-256", Sha256Digest::of(bytes).0, self.sha256.0),
-        };
-        if found == expected {
+        let found = Blake3Digest::of(bytes);
+        if found == self.blake3 {
             return Ok(());
         }
         Err(format!(
-            "its {name} is {}, the manifest says {}",
-            hex(&found),
-            hex(&expected)
+            "its BLAKE3 is {}, the manifest says {}",
+            hex(&found.0),
+            hex(&self.blake3.0)
         ))
     }
 
     /// The size from which hashing `bytes` on a second thread while the driver loads them
     /// saves time: where the hash takes longer than starting and joining a thread, which took
-    /// 23 µs on the development machine (scoped, median of 200). There SHA-256 ran at 2.1 GB/s
-    /// (64 KiB in about 31 µs) and BLAKE3 at 10 GB/s (256 KiB in about 26 µs).
-    pub fn concurrent_from(&self) -> usize {
-        match self.blake3 {
-            Some(_) => 256 * 1024,
-            None => 64 * 1024,
-        }
-    }
+    /// 23 µs on the development machine (scoped, median of 200). There BLAKE3 ran at 10 GB/s
+    /// (256 KiB in about 26 µs).
+    pub const CONCURRENT_FROM: usize = 256 * 1024;
 }
 
 /// Lower-case hex of `bytes`, the form the manifest records digests in.
@@ -197,28 +189,16 @@ mod tests {
     }
 
     #[test]
-    fn checks_with_blake3_where_recorded_else_sha256() {
+    fn checks_with_blake3() {
         let recorded = Digests::of(b"code image");
         assert_eq!(recorded.check(b"code image"), Ok(()));
         let error = recorded.check(b"code imagf").unwrap_err();
         assert!(error.starts_with("its BLAKE3 is "), "{error}");
-        assert!(
-            error.contains(&recorded.blake3.unwrap().to_string()),
-            "{error}"
-        );
+        assert!(error.contains(&recorded.blake3.to_string()), "{error}");
 
-        // A bundle before 1.5: SHA-256 alone, and it is what a change is caught by.
-        let older = Digests {
-            blake3: None,
-            ..recorded
-        };
-        assert_eq!(older.check(b"code image"), Ok(()));
-        let error = older.check(b"code imagf").unwrap_err();
-        assert!(error.starts_with("its SHA-256 is "), "{error}");
-
-        // Both digests are honoured: a wrong BLAKE3 is not excused by a right SHA-256.
+        // A wrong BLAKE3 is not excused by a right SHA-256.
         let wrong_blake3 = Digests {
-            blake3: Some(Blake3Digest::of(b"other")),
+            blake3: Blake3Digest::of(b"other"),
             ..recorded
         };
         assert!(wrong_blake3.check(b"code image").is_err());

@@ -60,7 +60,9 @@ pub const MANIFEST_FILE: &str = "bundle.toml";
 /// The file-name extension of a module's ABI file: `<module>.abi.toml`.
 pub const ABI_EXTENSION: &str = "abi.toml";
 
-/// The bundle format this crate writes. Readers accept any minor version of the same major.
+/// The bundle format this crate writes, and the oldest it reads: before 1.0, a bundle of an
+/// older format is rebuilt, not read, so that one reader and no version gates serve every
+/// bundle (readers accept later minors of the same major).
 ///
 /// 1.1 added the index, `bundle.msgpack` (see [`crate::index`]), 1.2 its lookup table, and
 /// 1.3 kernels' launch contracts ([`crate::contract`]) and the index's version string under its
@@ -71,16 +73,10 @@ pub const ABI_EXTENSION: &str = "abi.toml";
 /// that choosing code objects for a device one of them skips reads no manifest, 1.7
 /// architecture-specific targets (`sm_90a`) among the targets and entry IDs, and the contract
 /// fact `arch_specific` (no layout changed: a 1.6 reader refuses such a bundle when it parses
-/// its first `sm_90a` entry or binds such a contract, and this one reads 1.6 bundles as
-/// before); hkload reads 1.1 and 1.2 indexes too (their kernels launch only with explicit
-/// dimensions), and no bundle without an index.
+/// its first `sm_90a` entry or binds such a contract).
+/// An older bundle is refused with [`ManifestError::UnsupportedFormat`], which says to rebuild
+/// it.
 pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 7 };
-
-/// The first minor format that records BLAKE3 digests.
-pub const BLAKE3_SINCE: u32 = 5;
-
-/// The first minor format whose lookup table holds each module's not-built targets.
-pub const NOT_BUILT_TABLE_SINCE: u32 = 6;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -163,10 +159,8 @@ pub struct ModuleRecord {
     /// read such bundles; a 1.5 bundle needs a 1.5 reader anyway, for its lookup table.)
     #[serde(default)]
     pub not_built: Vec<NotBuilt>,
-    /// BLAKE3 of the whole file (since 1.5): what hkload checks a signed bundle's module file
-    /// against.
-    #[serde(default)]
-    pub blake3: Option<Blake3Digest>,
+    /// BLAKE3 of the whole file: what hkload checks a signed bundle's module file against.
+    pub blake3: Blake3Digest,
 }
 
 /// A build target a module is not built for, by design: its manifest's `skip_targets`.
@@ -187,10 +181,8 @@ pub struct EntryRecord {
     pub size: u64,
     /// SHA-256 of the code image.
     pub sha256: Sha256Digest,
-    /// BLAKE3 of the code image (since 1.5): what hkload checks before or while the driver
-    /// loads it.
-    #[serde(default)]
-    pub blake3: Option<Blake3Digest>,
+    /// BLAKE3 of the code image: what hkload checks before or while the driver loads it.
+    pub blake3: Blake3Digest,
 }
 
 impl ModuleRecord {
@@ -316,6 +308,14 @@ pub struct FormatVersion {
     pub minor: u32,
 }
 
+impl FormatVersion {
+    /// Whether this crate reads bundles of this format: [`FORMAT_VERSION`] and later minors of
+    /// its major.
+    pub fn is_read(self) -> bool {
+        self.major == FORMAT_VERSION.major && self.minor >= FORMAT_VERSION.minor
+    }
+}
+
 impl std::fmt::Display for FormatVersion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}.{}", self.major, self.minor)
@@ -360,7 +360,7 @@ impl BundleManifest {
         let version = toml::from_str::<VersionOnly>(text)
             .map_err(|e| ManifestError::Syntax(e.message().to_owned()))?
             .format_version;
-        if version.major != FORMAT_VERSION.major {
+        if !version.is_read() {
             return Err(ManifestError::UnsupportedFormat(version));
         }
         let manifest: Self =
@@ -400,20 +400,9 @@ impl BundleManifest {
                 "module `{name}` is listed twice"
             )));
         }
-        let blake3 = self.format_version.minor >= BLAKE3_SINCE;
         for module in &self.modules {
             for file in [&module.file, &module.abi_file] {
                 check_file_name(&module.name, file)?;
-            }
-            // From 1.5 on, a digest left out would let hkload fall back to SHA-256 silently;
-            // the lookup table has no room for a missing one.
-            let missing =
-                module.blake3.is_none() || module.entries.iter().any(|e| e.blake3.is_none());
-            if blake3 && missing {
-                return Err(ManifestError::Invalid(format!(
-                    "module `{}` lacks a BLAKE3 digest, which format {} records of every module file and code image",
-                    module.name, self.format_version
-                )));
             }
             if let Some(id) = first_duplicate(module.entries.iter().map(|e| e.id)) {
                 return Err(duplicate_entry(&module.name, &id));
@@ -468,7 +457,7 @@ pub enum ManifestError {
     Invalid(String),
 }
 
-/// Why a bundle of format `version` (of another major than this hkload's) cannot be read.
+/// Why a bundle of format `version` (another major, or an older minor) cannot be read.
 fn unsupported(version: FormatVersion) -> String {
     if version > FORMAT_VERSION {
         format!(
@@ -476,7 +465,9 @@ fn unsupported(version: FormatVersion) -> String {
         )
     } else {
         format!(
-            "bundle format {version} is older than any this hkload reads ({FORMAT_VERSION}); rebuild the bundle with `hkpack build`"
+            "bundle format {version} is older than this hkload reads ({FORMAT_VERSION} and later {}.x): rebuild the bundle with hkpack {} or later (`hkpack build`)",
+            FORMAT_VERSION.major,
+            env!("CARGO_PKG_VERSION")
         )
     }
 }

@@ -187,7 +187,7 @@ pub enum LaunchError {
     Contract { kernel: String, detail: String },
 
     #[error(
-        "kernel `{kernel}` has no launch contract (its bundle predates format 1.3, or its manifest declares none): launch it with explicit dimensions through `Kernel::launch`"
+        "kernel `{kernel}` has no launch contract (its manifest declares none): launch it with explicit dimensions through `Kernel::launch`"
     )]
     NoContract { kernel: String },
 }

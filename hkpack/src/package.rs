@@ -164,7 +164,7 @@ fn module_files(
             id: *id,
             size: image.len() as u64,
             sha256: Sha256Digest::of(image),
-            blake3: Some(Blake3Digest::of(image)),
+            blake3: Blake3Digest::of(image),
         })
         .collect();
     let record = ModuleRecord {
@@ -187,7 +187,7 @@ fn module_files(
                 })
             })
             .collect(),
-        blake3: Some(Blake3Digest::of(&bytes)),
+        blake3: Blake3Digest::of(&bytes),
     };
     Ok((record, bytes, abi))
 }

@@ -770,8 +770,12 @@ fn an_empty_kernel_record_far_outside_the_index_is_refused_even_with_its_digest_
     }
 }
 
+/// The version string is judged before anything else of the index is read: an older format is
+/// refused with the advice to rebuild (before 1.0 there is one reader, of the current format),
+/// a newer major with the advice to upgrade, and a later minor, whose layout this reader
+/// knows, is read, so that any change to a current index's version is damage its BLAKE3 finds.
 #[test]
-fn a_damaged_format_version_reads_as_damage() {
+fn an_index_of_another_format_is_refused_saying_what_to_do() {
     let (_package, dir) = small_bundle(false);
     let index = std::fs::read(dir.join("bundle.msgpack")).unwrap();
     // The version string is a MessagePack fixstr at the file's start: 0xa3, then `1.7`.
@@ -784,73 +788,35 @@ fn a_damaged_format_version_reads_as_damage() {
             .unwrap_err()
             .to_string()
     };
-    // Verified, any change to the version is damage, not a format this hkload cannot read.
-    // (Read as 1.5 or later, BLAKE3 finds it; as older, SHA-256.)
-    for (text, digest) in [
-        (b"9.3", "SHA-256"),
-        (b"0.3", "SHA-256"),
-        (b"1.2", "SHA-256"),
-        (b"1.4", "SHA-256"),
-        (b"1.8", "BLAKE3"),
-        (b"1,5", "SHA-256"),
-    ] {
-        let error = open(with_version(text), OpenOptions::default());
+    for options in [OpenOptions::default(), UNVERIFIED] {
+        // Every format before this one, 1.1 (the first with an index) to 1.6.
+        for minor in 1..FORMAT_VERSION.minor {
+            let text: [u8; 3] = format!("1.{minor}").into_bytes().try_into().unwrap();
+            let error = open(with_version(&text), options.clone());
+            assert!(
+                error.contains(&format!(
+                    "bundle format 1.{minor} is older than this hkload reads (1.7 and later 1.x): \
+                     rebuild the bundle with hkpack {} or later",
+                    env!("CARGO_PKG_VERSION")
+                )),
+                "{error}"
+            );
+        }
+        let error = open(with_version(b"0.3"), options.clone());
+        assert!(error.contains("bundle format 0.3 is older"), "{error}");
+        let error = open(with_version(b"9.3"), options.clone());
         assert!(
-            error.contains(&format!("index's {digest} does not match its contents")),
+            error.contains("bundle format 9.3 is newer than this hkload reads"),
             "{error}"
         );
+        let error = open(with_version(b"1,5"), options);
+        assert!(error.contains("index: "), "{error}");
     }
-    // Unverified, the version is taken at its word, and says which way it is off.
-    let error = open(with_version(b"9.3"), UNVERIFIED);
+    // A later minor is read as this one; verified, the changed version is damage.
+    let error = open(with_version(b"1.8"), OpenOptions::default());
     assert!(
-        error.contains("bundle format 9.3 is newer than this hkload reads"),
+        error.contains("index's BLAKE3 does not match its contents"),
         "{error}"
-    );
-    let error = open(with_version(b"0.3"), UNVERIFIED);
-    assert!(
-        error.contains("bundle format 0.3 is older than any this hkload reads"),
-        "{error}"
-    );
-}
-
-#[test]
-fn an_index_from_before_the_lookup_table_still_opens() {
-    let (_package, dir) = small_bundle(false);
-    let read = |name: &str| leak(std::fs::read(dir.join(name)).unwrap());
-    // Made format 1.4 first, whose table has the layout a table built for a 1.1 index has (no
-    // BLAKE3 rows).
-    let index = leak(as_format_1_4(read("bundle.msgpack")));
-    let module = read("scale.hipfb");
-
-    // The same index as format 1.1 wrote it: version, digest, records, and no table. The
-    // version strings are MessagePack fixstr (0xa3 and three bytes), at the file's start and
-    // at the records' (a 2-array holding the manifest, an array whose first field it is); the
-    // digest is a bin8 of 32 bytes.
-    let version = *b"\xa31.4";
-    assert_eq!(index[..4], version);
-    let records_start = 4 + 2 + 32;
-    let table_size = u32::from_le_bytes(index[index.len() - 8..][..4].try_into().unwrap());
-    let table_header = if table_size < 256 { 2 } else { 3 };
-    let mut records =
-        index[records_start..index.len() - table_size as usize - table_header].to_vec();
-    assert_eq!(records[2..6], version);
-    records[2..6].copy_from_slice(b"\xa31.1");
-    let digest = sha2::Sha256::digest(&records);
-    let old = leak([b"\xa31.1", &[0xc4, 32][..], &digest, &records].concat());
-
-    let now = Bundle::from_bytes(&[("bundle.msgpack", index)], OpenOptions::default());
-    let before = Bundle::from_bytes(&[("bundle.msgpack", old)], OpenOptions::default());
-    let (now, before) = (now.unwrap(), before.unwrap());
-    assert_eq!(before.manifest().unwrap().format_version.to_string(), "1.1");
-    assert_eq!(now.table().bytes(), before.table().bytes());
-    assert_eq!(
-        now.kernel_records().unwrap(),
-        before.kernel_records().unwrap()
-    );
-    let files = |index| [("bundle.msgpack", index), ("scale.hipfb", module)];
-    assert_eq!(
-        load_everywhere(&files(old), OpenOptions::default()).unwrap(),
-        load_everywhere(&files(index), OpenOptions::default()).unwrap()
     );
 }
 
@@ -1121,8 +1087,7 @@ fn a_damaged_large_image_is_refused_though_hashed_beside_the_load() {
         .filter(|(_, e)| e.id.to_string() == "cuda-nvptx64-nvidia-cuda-sm_90")
         .max_by_key(|(_, e)| e.size)
         .unwrap();
-    // Hashed beside the load from 256 KiB with BLAKE3 (`Digests::concurrent_from`), from
-    // 64 KiB with SHA-256 (the index made as format 1.4 below).
+    // Hashed beside the load from 256 KiB (`Digests::concurrent_from`).
     assert!(
         entry.size >= 256 * 1024,
         "{} is {} bytes",
@@ -1164,34 +1129,12 @@ fn a_damaged_large_image_is_refused_though_hashed_beside_the_load() {
         assert!(!log.iter().any(|e| matches!(e, Recorded::Launch { .. })));
     };
     refused_beside_the_load("BLAKE3");
-    // An index from before BLAKE3: the same refusal, by SHA-256.
-    let index = copy.path().join("bundle.msgpack");
-    std::fs::write(&index, as_format_1_4(&std::fs::read(&index).unwrap())).unwrap();
-    refused_beside_the_load("SHA-256");
 }
 
-/// The index `index` as hkpack 1.4 wrote it: no BLAKE3 digests in its records, none in its
-/// lookup table, SHA-256 alone.
-fn as_format_1_4(index: &[u8]) -> Vec<u8> {
-    let index = Index::open(index.to_vec(), true).unwrap();
-    let mut manifest = index.manifest().unwrap().clone();
-    manifest.format_version = "1.4".parse().unwrap();
-    for module in &mut manifest.modules {
-        module.blake3 = None;
-        for entry in &mut module.entries {
-            entry.blake3 = None;
-        }
-    }
-    let abis: Vec<ModuleAbi> = (0..manifest.modules.len())
-        .map(|i| index.module_abi(i).unwrap())
-        .collect();
-    Index::encode(&manifest, &abis)
-}
-
-/// A bundle of format 1.4 (SHA-256 alone) still opens, loads the same images, and verifies
-/// them with SHA-256; a 1.5 bundle records BLAKE3 beside SHA-256 and verifies with it.
+/// Every module file and code image is recorded with its SHA-256 and its BLAKE3, and loading
+/// checks the BLAKE3.
 #[test]
-fn an_index_from_before_blake3_verifies_with_sha256() {
+fn images_are_recorded_with_both_digests_and_loaded_by_their_blake3() {
     let (_package, dir) = small_bundle(false);
     let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
     let (index, module) = (read("bundle.msgpack"), read("scale.hipfb"));
@@ -1199,47 +1142,27 @@ fn an_index_from_before_blake3_verifies_with_sha256() {
     for record in &now.manifest().unwrap().modules {
         assert_eq!(
             record.blake3,
-            Some(hk_format::manifest::Blake3Digest::of(&module))
+            hk_format::manifest::Blake3Digest::of(&module)
         );
         for entry in &record.entries {
             let image = hk_format::offload::extract_entry(&module, &entry.id.to_string()).unwrap();
             assert_eq!(entry.digests(), hk_format::manifest::Digests::of(&image));
         }
     }
-    let older = as_format_1_4(&index);
-    let opened = Bundle::from_bytes(
-        &[("bundle.msgpack", leak(older.clone()))],
-        OpenOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(opened.manifest().unwrap().format_version.to_string(), "1.4");
-    assert!(
-        opened
-            .table()
-            .modules()
-            .flat_map(|m| m.entries().collect::<Vec<_>>())
-            .all(|e| e.blake3.is_none())
-    );
-
     let files = |index: &[u8], module: &[u8]| {
         [
             ("bundle.msgpack", leak(index.to_vec())),
             ("scale.hipfb", leak(module.to_vec())),
         ]
     };
-    assert_eq!(
-        load_everywhere(&files(&older, &module), OpenOptions::default()).unwrap(),
-        load_everywhere(&files(&index, &module), OpenOptions::default()).unwrap()
-    );
+    load_everywhere(&files(&index, &module), OpenOptions::default()).unwrap();
     // The module file's last byte is in its last code image.
     let mut damaged = module.clone();
     *damaged.last_mut().unwrap() ^= 0x5a;
-    for (index, digest) in [(&index, "BLAKE3"), (&older, "SHA-256")] {
-        let error = load_everywhere(&files(index, &damaged), OpenOptions::default())
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains(&format!("its {digest} is")), "{error}");
-    }
+    let error = load_everywhere(&files(&index, &damaged), OpenOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("its BLAKE3 is"), "{error}");
 }
 
 /// The digest a bundle reports of its index (what names the build, and what its split packages
@@ -1265,7 +1188,7 @@ fn the_index_digest_reported_is_the_one_of_its_contents() {
     assert_eq!(bundle.index_digest(), truth);
 }
 
-/// A 1.5 index records two digests of itself: a verified open checks the BLAKE3, which covers
+/// An index records two digests of itself: a verified open checks the BLAKE3, which covers
 /// the SHA-256's value too, and `Index::check_sha256` (what `hkpack verify` adds) the SHA-256.
 #[test]
 fn both_digests_of_the_index_are_checked() {
@@ -1279,9 +1202,7 @@ fn both_digests_of_the_index_are_checked() {
     );
     assert_eq!(
         opened.blake3(),
-        Some(hk_format::manifest::Blake3Digest::of(
-            &[&index[..38], &index[72..]].concat()
-        ))
+        hk_format::manifest::Blake3Digest::of(&[&index[..38], &index[72..]].concat())
     );
 
     // The SHA-256's value changed: the BLAKE3 catches it at open.

@@ -267,9 +267,6 @@ struct Images {
     /// What verification hashes on the way to the first launch: the chosen code image and the
     /// index.
     hashed_bytes: u64,
-    /// The digest it hashes them with: BLAKE3 for a bundle of format 1.5 or later, else
-    /// SHA-256.
-    digest: &'static str,
     /// The module file and where the chosen image starts in it, when that is a cubin in a plain
     /// file (a compressed file holds no image to map, and PTX needs a NUL after it).
     mapped: Option<(PathBuf, usize)>,
@@ -334,10 +331,6 @@ impl Images {
                 .transpose()?,
             chosen_id,
             hashed_bytes: chosen_record.map_or(0, |entry| entry.size) + index_size,
-            digest: match chosen_record {
-                Some(entry) if entry.blake3.is_some() => "BLAKE3",
-                _ => "SHA-256",
-            },
             mapped,
         })
     }
@@ -1048,11 +1041,10 @@ fn print_cold_start(cold: &ColdStart, images: &Images) {
     }
     println!(
         "(c) hash verification: {} per open + first kernel ({:.2}x verify off), hashing {} \
-         bytes (the code image and the index) with {}",
+         bytes (the code image and the index) with BLAKE3",
         seconds(median(Row::VerifyOn) - median(Row::VerifyOff)),
         median(Row::VerifyOn) / median(Row::VerifyOff),
         images.hashed_bytes,
-        images.digest
     );
 }
 

@@ -15,19 +15,17 @@
 //! | part | what |
 //! |---|---|
 //! | [`Header`] | magic `HKLT`, package name and version, the count of each part below |
-//! | [`Extension`] | (since format 1.6) the counts of the parts added since the header |
+//! | [`Extension`] | the counts of the parts added since the header's first form |
 //! | ID rows | each distinct entry ID of the bundle, as text ([`Span`] of the text) |
 //! | [`ModuleRow`]s | the manifest's modules, in its order |
 //! | [`EntryRow`]s | each module's entries, module after module |
-//! | BLAKE3 rows | (since format 1.5) each entry's BLAKE3 digest, 32 bytes, in entry-row order |
+//! | BLAKE3 rows | each entry's BLAKE3 digest, 32 bytes, in entry-row order |
 //! | [`KernelRow`]s | each module's kernels, module after module, in the manifest's order |
-//! | [`NotBuiltRow`]s | (since format 1.6) each module's not-built targets, module after module |
+//! | [`NotBuiltRow`]s | each module's not-built targets, module after module |
 //! | text | UTF-8: every name the rows point into |
 //! | [`Footer`] | the table's size and the magic again, so the table is found from the file's end |
 //!
-//! The header has no count of the BLAKE3 rows: there are as many as entries in an index of
-//! format 1.5 or later, and none before; the index's version, under its digest, says which.
-//! It says too whether the extension is there.
+//! The header has no count of the BLAKE3 rows: there are as many as entries.
 //!
 //! Why the not-built targets here: a device for which a module is skipped on purpose (the FNUZ
 //! FP8 GEMMs on sm_90) would otherwise make hkload's `Bundle::load` decode the whole manifest
@@ -42,8 +40,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use crate::file::FileBytes;
 use crate::manifest::{
-    BLAKE3_SINCE, Blake3Digest, BundleManifest, EntryRecord, FormatVersion, ManifestError,
-    NOT_BUILT_TABLE_SINCE, NotBuilt, Sha256Digest, check_file_name, duplicate_entry,
+    Blake3Digest, BundleManifest, EntryRecord, ManifestError, NotBuilt, Sha256Digest,
+    check_file_name, duplicate_entry,
 };
 use crate::target::{EntryId, TargetId};
 
@@ -70,7 +68,7 @@ struct Header {
     text: U32,
 }
 
-/// What follows the header from format 1.6 on.
+/// What follows the header: the counts of the parts added after the header's first form.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 struct Extension {
@@ -136,8 +134,6 @@ pub struct Table {
     ids: Vec<EntryId>,
     /// The target of each not-built row, parsed.
     not_built: Vec<TargetId>,
-    /// Whether the table holds the modules' not-built targets (format 1.6 on).
-    has_not_built: bool,
 }
 
 struct Parts {
@@ -145,10 +141,8 @@ struct Parts {
     ids: Range<usize>,
     modules: Range<usize>,
     entries: Range<usize>,
-    /// Empty before format 1.5.
     blake3: Range<usize>,
     kernels: Range<usize>,
-    /// Empty before format 1.6.
     not_built: Range<usize>,
     text: Range<usize>,
 }
@@ -170,9 +164,8 @@ pub struct KernelAt {
 
 impl Table {
     /// The table for `manifest`, whose kernels' records lie at `records` in the index file
-    /// (one per kernel, modules in manifest order), or nowhere when `records` is empty; in the
-    /// layout of the manifest's format (BLAKE3 rows from 1.5 on, not-built rows from 1.6).
-    /// The same manifest and records always give the same bytes.
+    /// (one per kernel, modules in manifest order), or nowhere when `records` is empty. The
+    /// same manifest and records always give the same bytes.
     pub fn encode(manifest: &BundleManifest, records: &[Range<usize>]) -> Vec<u8> {
         let mut text = Vec::new();
         let mut put = |s: &str| {
@@ -209,9 +202,7 @@ impl Table {
                     size: entry.size.into(),
                     sha256: entry.sha256.0,
                 });
-                // A 1.5 manifest without one is refused by its validation before this; zeros
-                // would then only ever fail a check.
-                blake3.push(entry.blake3.map_or([0; 32], |digest| digest.0));
+                blake3.push(entry.blake3.0);
             }
             let module_kernels = span(kernels.len(), module.kernels.len());
             for symbol in &module.kernels {
@@ -242,23 +233,16 @@ impl Table {
             text: u32_of(text.len()).into(),
         };
         let mut table = header.as_bytes().to_vec();
-        let extended = has_not_built(manifest.format_version);
-        if extended {
-            let extension = Extension {
-                not_built: u32_of(not_built.len()).into(),
-            };
-            table.extend_from_slice(extension.as_bytes());
-        }
+        let extension = Extension {
+            not_built: u32_of(not_built.len()).into(),
+        };
+        table.extend_from_slice(extension.as_bytes());
         table.extend_from_slice(id_spans.as_bytes());
         table.extend_from_slice(modules.as_bytes());
         table.extend_from_slice(entries.as_bytes());
-        if has_blake3(manifest.format_version) {
-            table.extend_from_slice(blake3.as_bytes());
-        }
+        table.extend_from_slice(blake3.as_bytes());
         table.extend_from_slice(kernels.as_bytes());
-        if extended {
-            table.extend_from_slice(not_built.as_bytes());
-        }
+        table.extend_from_slice(not_built.as_bytes());
         table.extend_from_slice(&text);
         let size = table.len() + size_of::<Footer>();
         table.extend_from_slice(
@@ -282,13 +266,12 @@ impl Table {
         Ok(file.len() - footer..file.len())
     }
 
-    /// Checks the table at `whole` in `bytes`, an index of format `version`, whose kernels'
-    /// records must lie within `records` (an empty range for a table without them).
+    /// Checks the table at `whole` in `bytes`, whose kernels' records must lie within
+    /// `records` (an empty range for a table without them).
     pub fn read(
         bytes: Arc<FileBytes>,
         whole: Range<usize>,
         records: Range<usize>,
-        version: FormatVersion,
     ) -> Result<Self, ManifestError> {
         let table = bytes
             .get(whole.clone())
@@ -298,18 +281,12 @@ impl Table {
         if header.magic != MAGIC {
             return Err(damaged("its lookup table does not start with `HKLT`"));
         }
-        let has_not_built = has_not_built(version);
-        let mut end = whole.start + size_of::<Header>();
-        let not_built = if has_not_built {
-            let (extension, _) = table
-                .get(size_of::<Header>()..)
-                .and_then(|rest| Extension::ref_from_prefix(rest).ok())
-                .ok_or_else(|| damaged("its lookup table is shorter than its header"))?;
-            end += size_of::<Extension>();
-            extension.not_built.get()
-        } else {
-            0
-        };
+        let (extension, _) = table
+            .get(size_of::<Header>()..)
+            .and_then(|rest| Extension::ref_from_prefix(rest).ok())
+            .ok_or_else(|| damaged("its lookup table is shorter than its header"))?;
+        let not_built = extension.not_built.get();
+        let mut end = whole.start + size_of::<Header>() + size_of::<Extension>();
         // Each part follows the one before; their sizes must add up to the table's.
         let mut part = |count: u32, row_size: usize| {
             let start = end;
@@ -320,14 +297,7 @@ impl Table {
             ids: part(header.ids.get(), size_of::<Span>()),
             modules: part(header.modules.get(), size_of::<ModuleRow>()),
             entries: part(header.entries.get(), size_of::<EntryRow>()),
-            blake3: part(
-                if has_blake3(version) {
-                    header.entries.get()
-                } else {
-                    0
-                },
-                32,
-            ),
+            blake3: part(header.entries.get(), 32),
             kernels: part(header.kernels.get(), size_of::<KernelRow>()),
             not_built: part(not_built, size_of::<NotBuiltRow>()),
             text: part(header.text.get(), 1),
@@ -343,27 +313,9 @@ impl Table {
             parts,
             ids: Vec::new(),
             not_built: Vec::new(),
-            has_not_built,
         };
         table.check(records)?;
         Ok(table)
-    }
-
-    /// The table for an index older than the table, built from its manifest and its kernels'
-    /// `records`, which lie within `index`.
-    pub fn build(
-        manifest: &BundleManifest,
-        records: &[Range<usize>],
-        index: Range<usize>,
-    ) -> Result<Self, ManifestError> {
-        let bytes = Self::encode(manifest, records);
-        let whole = 0..bytes.len();
-        Self::read(
-            Arc::new(bytes.into()),
-            whole,
-            index,
-            manifest.format_version,
-        )
     }
 
     /// The table's bytes, header to footer.
@@ -559,7 +511,7 @@ impl Table {
         self.rows(&self.parts.entries)
     }
 
-    /// Each entry's BLAKE3, in entry-row order; empty before format 1.5.
+    /// Each entry's BLAKE3, in entry-row order.
     fn blake3_rows(&self) -> &[[u8; 32]] {
         self.rows(&self.parts.blake3)
     }
@@ -568,25 +520,22 @@ impl Table {
         self.rows(&self.parts.kernels)
     }
 
-    /// The not-built rows; empty before format 1.6.
+    /// The not-built rows.
     fn not_built_rows(&self) -> &[NotBuiltRow] {
         self.rows(&self.parts.not_built)
     }
 
-    /// The build targets module `index` is not built for, by design, and why; `None` when the
-    /// table does not record them (before format 1.6), and the manifest must be asked.
-    pub fn not_built(&self, index: usize) -> Option<Vec<NotBuilt>> {
-        self.has_not_built.then(|| {
-            self.not_built_rows()
-                .iter()
-                .zip(&self.not_built)
-                .filter(|(row, _)| row.module.get() as usize == index)
-                .map(|(row, target)| NotBuilt {
-                    target: *target,
-                    reason: self.text(row.reason).to_owned(),
-                })
-                .collect()
-        })
+    /// The build targets module `index` is not built for, by design, and why.
+    pub fn not_built(&self, index: usize) -> Vec<NotBuilt> {
+        self.not_built_rows()
+            .iter()
+            .zip(&self.not_built)
+            .filter(|(row, _)| row.module.get() as usize == index)
+            .map(|(row, target)| NotBuilt {
+                target: *target,
+                reason: self.text(row.reason).to_owned(),
+            })
+            .collect()
     }
 
     fn rows<T: FromBytes + Immutable + KnownLayout + Unaligned>(
@@ -630,15 +579,15 @@ impl<'a> Module<'a> {
     pub fn entries(&self) -> impl ExactSizeIterator<Item = EntryRecord> + 'a {
         let table = self.table;
         let rows = range(self.row.entries);
-        let blake3 = table.blake3_rows().get(rows.clone()).unwrap_or_default();
-        table.entry_rows()[rows]
+        // The BLAKE3 rows are as many as the entry rows: `read` checked the parts' sizes.
+        table.entry_rows()[rows.clone()]
             .iter()
-            .enumerate()
-            .map(|(i, row)| EntryRecord {
+            .zip(&table.blake3_rows()[rows])
+            .map(|(row, blake3)| EntryRecord {
                 id: table.ids[row.id.get() as usize],
                 size: row.size.get(),
                 sha256: Sha256Digest(row.sha256),
-                blake3: blake3.get(i).map(|digest| Blake3Digest(*digest)),
+                blake3: Blake3Digest(*blake3),
             })
     }
 
@@ -650,16 +599,6 @@ impl<'a> Module<'a> {
     pub fn entry_ids(&self) -> Vec<EntryId> {
         self.entries().map(|entry| entry.id).collect()
     }
-}
-
-/// Whether a table of an index of format `version` has BLAKE3 rows.
-fn has_blake3(version: FormatVersion) -> bool {
-    version.minor >= BLAKE3_SINCE
-}
-
-/// Whether a table of an index of format `version` has the extension and not-built rows.
-fn has_not_built(version: FormatVersion) -> bool {
-    version.minor >= NOT_BUILT_TABLE_SINCE
 }
 
 fn span(start: usize, len: usize) -> Span {
@@ -700,7 +639,7 @@ pub(super) mod tests {
             id: id.parse().unwrap(),
             size,
             sha256: Sha256Digest::of(id.as_bytes()),
-            blake3: Some(Blake3Digest::of(id.as_bytes())),
+            blake3: Blake3Digest::of(id.as_bytes()),
         };
         let module = |name: &str, kernels: &[&str]| ModuleRecord {
             name: name.into(),
@@ -724,7 +663,7 @@ pub(super) mod tests {
             } else {
                 Vec::new()
             },
-            blake3: Some(Blake3Digest::of(name.as_bytes())),
+            blake3: Blake3Digest::of(name.as_bytes()),
         };
         BundleManifest {
             format_version: FORMAT_VERSION,
@@ -749,22 +688,20 @@ pub(super) mod tests {
     /// The table of [`manifest`] with its kernels' records at 100.., 200.. and 300.., edited by
     /// `edit`, then read as if it lay after records in 0..1000.
     fn read_edited(edit: impl FnOnce(&mut Vec<u8>)) -> Result<Table, ManifestError> {
-        read_as(&manifest(), FORMAT_VERSION, edit)
-    }
-
-    /// The table of `manifest` as [`read_edited`] makes it, read as a table of format `version`.
-    fn read_as(
-        manifest: &BundleManifest,
-        version: FormatVersion,
-        edit: impl FnOnce(&mut Vec<u8>),
-    ) -> Result<Table, ManifestError> {
         let records = [100..150, 200..260, 300..310];
-        let mut bytes = Table::encode(manifest, &records);
+        let mut bytes = Table::encode(&manifest(), &records);
         edit(&mut bytes);
         let mut file = vec![0; 1000];
         file.extend(bytes);
         let whole = Table::locate(&file)?;
-        Table::read(Arc::new(file.into()), whole, 0..1000, version)
+        Table::read(Arc::new(file.into()), whole, 0..1000)
+    }
+
+    /// The table of `manifest` alone, with no kernel records.
+    fn build(manifest: &BundleManifest) -> Result<Table, ManifestError> {
+        let bytes = Table::encode(manifest, &[]);
+        let whole = 0..bytes.len();
+        Table::read(Arc::new(bytes.into()), whole, 0..0)
     }
 
     fn header(bytes: &mut [u8]) -> &mut Header {
@@ -776,7 +713,7 @@ pub(super) mod tests {
         part: usize,
     ) -> &mut [T] {
         let h = header(bytes);
-        // The parts in order; the BLAKE3 rows (format 1.5) are as many as the entries.
+        // The parts in order; the BLAKE3 rows are as many as the entries.
         let (ids, modules, entries, kernels) = (
             h.ids.get(),
             h.modules.get(),
@@ -841,7 +778,7 @@ pub(super) mod tests {
         // Three distinct entry IDs, shared by both modules.
         assert_eq!(table.ids.len(), 3);
         for (index, record) in manifest.modules.iter().enumerate() {
-            assert_eq!(table.not_built(index), Some(record.not_built.clone()));
+            assert_eq!(table.not_built(index), record.not_built);
         }
     }
 
@@ -910,34 +847,7 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn blake3_rows_from_format_1_5_only() {
-        // A 1.4 table has none, and its entries read without BLAKE3.
-        let mut older = manifest();
-        older.format_version = FormatVersion { major: 1, minor: 4 };
-        for entry in older.modules.iter_mut().flat_map(|m| &mut m.entries) {
-            entry.blake3 = None;
-        }
-        let table = read_as(&older, older.format_version, |_| {}).unwrap();
-        let entries: Vec<EntryRecord> = table
-            .modules()
-            .flat_map(|m| m.entries().collect::<Vec<_>>())
-            .collect();
-        let expected: Vec<EntryRecord> = older
-            .modules
-            .iter()
-            .flat_map(|m| m.entries.clone())
-            .collect();
-        assert_eq!(entries, expected);
-
-        // Read as the other format, either table's parts do not add up.
-        for (manifest, version) in [
-            (&older, FORMAT_VERSION),
-            (&manifest(), older.format_version),
-        ] {
-            let error = read_as(manifest, version, |_| {}).err().unwrap();
-            assert!(error.to_string().contains("do not add up"), "{error}");
-        }
-
+    fn each_entrys_blake3_row_is_its_own() {
         // Each entry's own digest: a changed row changes that entry alone.
         let table = read_edited(|b| rows::<[u8; 32]>(b, 3)[4][0] ^= 1).unwrap();
         let changed: Vec<bool> = table
@@ -954,27 +864,10 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn not_built_rows_from_format_1_6_only() {
-        // A 1.5 table has none, and says it does not know; the manifest then answers.
-        let mut older = manifest();
-        older.format_version = FormatVersion { major: 1, minor: 5 };
-        let table = read_as(&older, older.format_version, |_| {}).unwrap();
-        assert_eq!(table.not_built(1), None);
-        // Read as the other format, either table's parts do not add up.
-        for (manifest, version) in [
-            (&older, FORMAT_VERSION),
-            (&manifest(), older.format_version),
-        ] {
-            let error = read_as(manifest, version, |_| {}).err().unwrap();
-            assert!(error.to_string().contains("do not add up"), "{error}");
-        }
-    }
-
-    #[test]
     fn refuses_module_files_outside_the_bundle() {
         let mut manifest = manifest();
         manifest.modules[1].file = "../act.hipfb".into();
-        let error = Table::build(&manifest, &[], 0..0).err().unwrap();
+        let error = build(&manifest).err().unwrap();
         assert!(
             error.to_string().contains("not a plain file name"),
             "{error}"
@@ -986,7 +879,7 @@ pub(super) mod tests {
         // Found by the `bundle` fuzz target: such a name can never be opened.
         let mut manifest = manifest();
         manifest.modules[1].file = "act.h\0fb".into();
-        let error = Table::build(&manifest, &[], 0..0).err().unwrap();
+        let error = build(&manifest).err().unwrap();
         assert!(
             error.to_string().contains("not a plain file name"),
             "{error}"
@@ -998,7 +891,7 @@ pub(super) mod tests {
         // Each its own file, so that only the name is shared.
         let mut manifest = manifest();
         manifest.modules[1].name = "norm".into();
-        let error = Table::build(&manifest, &[], 0..0).err().unwrap();
+        let error = build(&manifest).err().unwrap();
         let text = error.to_string();
         assert!(text.contains("module `norm` is listed twice"), "{text}");
         assert!(text.contains("rebuild"), "{text}");
@@ -1009,7 +902,7 @@ pub(super) mod tests {
         let mut manifest = manifest();
         let twice = manifest.modules[0].entries[0];
         manifest.modules[0].entries.push(twice);
-        let error = Table::build(&manifest, &[], 0..0).err().unwrap();
+        let error = build(&manifest).err().unwrap();
         assert!(error.to_string().contains("lists entry"), "{error}");
     }
 }

@@ -6,32 +6,29 @@
 //! most of hkload's cold-start overhead; decoding this index takes a few tens of microseconds,
 //! and its lookup table (see [`lookup`]) spares even that at open. The TOML files stay the
 //! bundle's readable record, the one people and other tools read.
-//! hkpack writes both from the same records (tests check that they agree), and hkload still
-//! reads a bundle without an index from its TOML files.
+//! hkpack writes both from the same records (tests check that they agree).
 //!
-//! The file is four MessagePack values in a row (five since 1.5):
+//! The file is five MessagePack values in a row:
 //!
-//! 1. the format version as a string (`"1.5"`), read alone first so that a newer major format
-//!    is refused with a clear message;
-//! 2. the SHA-256 of the version string and everything after the digests (before 1.3, of what
-//!    follows the digest alone), as a 32-byte binary: the index is the root every other hash
-//!    hangs from, so corruption in it is caught when hashes are verified, and this digest is
-//!    what names one build ([`Index::digest`], which computes it rather than trusting the
-//!    recorded value: see there). These two values are the envelope of every
-//!    format, newer majors included: the digest is checked before the version is judged, so a
-//!    damaged version reads as damage, not as a newer format;
-//! 3. (since 1.5) the BLAKE3 of every other byte of the file (the SHA-256 value included), as
-//!    a 32-byte binary: what a verified open checks, since SHA-256 of the repository's 87 KB
-//!    index took 42 µs of a 52 µs open on the development machine, and BLAKE3 9 µs. A damaged
-//!    version that reads as older than 1.5 takes this value for the records, and fails the
-//!    SHA-256 that does not cover it; `hkpack verify` checks both digests;
+//! 1. the format version as a string (`"1.7"`), read alone first so that a format this crate
+//!    does not read (another major, or an older minor) is refused with a clear message before
+//!    anything else is read: before 1.0 there is one reader, of the current format, and an
+//!    older bundle is rebuilt;
+//! 2. the SHA-256 of the version string and everything after the digests, as a 32-byte binary:
+//!    the index is the root every other hash hangs from, and this digest is what names one
+//!    build ([`Index::digest`], which computes it rather than trusting the recorded value: see
+//!    there);
+//! 3. the BLAKE3 of every other byte of the file (the SHA-256 value included), as a 32-byte
+//!    binary: what a verified open checks, since SHA-256 of the repository's 87 KB index took
+//!    42 µs of a 52 µs open on the development machine, and BLAKE3 9 µs; `hkpack verify`
+//!    checks both digests. A version changed to another the crate reads is damage the BLAKE3
+//!    finds;
 //! 4. the records: an array of the [`BundleManifest`] (structs written as arrays) and, per
 //!    module in manifest order, an array with each kernel's [`KernelRecord`] (its signature and
 //!    per-target ABI) as a MessagePack binary, in the module's kernel order, left where it lies
 //!    in the file until the kernel is first used;
-//! 5. (since 1.2) the [`lookup`] table, as a binary: what opening a bundle and launching a
-//!    kernel need, read where it lies, so that the manifest is decoded only when asked for.
-//!    Readers of 1.1 stop after the records and never see it.
+//! 5. the [`lookup`] table, as a binary: what opening a bundle and launching a kernel need,
+//!    read where it lies, so that the manifest is decoded only when asked for.
 
 pub mod lookup;
 
@@ -48,30 +45,23 @@ use sha2::{Digest, Sha256};
 
 use crate::file::FileBytes;
 use crate::manifest::{
-    BLAKE3_SINCE, Blake3Digest, BundleManifest, FORMAT_VERSION, FormatVersion, KernelRecord,
-    ManifestError, ModuleAbi, Sha256Digest,
+    Blake3Digest, BundleManifest, FormatVersion, KernelRecord, ManifestError, ModuleAbi,
+    Sha256Digest,
 };
 use lookup::Table;
 
 /// The index's file name inside a bundle folder.
 pub const INDEX_FILE: &str = "bundle.msgpack";
 
-/// The first format whose index has a lookup table.
-const TABLE_SINCE: u32 = 2;
-
-/// The first format whose digest covers its version string too. Indexes of 1.1 and 1.2 still
-/// open; their digest covers what follows it.
-const VERSION_DIGESTED_SINCE: u32 = 3;
-
 /// Where an index's parts lie, and what it says of itself, as read before any is trusted.
 struct Envelope {
-    /// The version string's text, parsed.
-    version: Result<FormatVersion, String>,
+    /// The version string's text, parsed, and one this crate reads.
+    version: FormatVersion,
     /// End of the version string.
     version_end: usize,
     sha256: Sha256Digest,
-    /// The BLAKE3 (1.5 on) and where its value starts.
-    blake3: Option<(Blake3Digest, usize)>,
+    /// The BLAKE3 and where its value starts.
+    blake3: (Blake3Digest, usize),
     /// Where the records start.
     records: usize,
 }
@@ -113,10 +103,9 @@ impl Index {
             })
             .collect();
         let version = compact(&manifest.format_version);
-        let with_blake3 = manifest.format_version.minor >= BLAKE3_SINCE;
         // A digest's size does not depend on its value: the records' place is known now.
         let digest_size = compact(Bytes::new(&[0; 32])).len();
-        let start = version.len() + digest_size * (1 + usize::from(with_blake3));
+        let start = version.len() + 2 * digest_size;
         let mut rest = compact(&(manifest, kernels));
         let (_, records) = decode_records(&rest, start)
             .expect("records just encoded from a valid manifest decode again");
@@ -127,9 +116,6 @@ impl Index {
             .finalize()
             .into();
         let sha256 = compact(Bytes::new(&sha256));
-        if !with_blake3 {
-            return [version, sha256, rest].concat();
-        }
         let blake3 = blake3::Hasher::new()
             .update(&version)
             .update(&sha256)
@@ -139,7 +125,10 @@ impl Index {
         [version, sha256, blake3, rest].concat()
     }
 
-    /// Reads the envelope: the version string and the digests, trusting none of them yet.
+    /// Reads the envelope: the version string and the digests, trusting none of them yet. A
+    /// version this crate does not read is refused here, before any digest is checked: an older
+    /// index's digests lie elsewhere, and saying to rebuild it helps more than calling it
+    /// damaged (a forged version string gains nothing but that advice).
     fn envelope(bytes: &[u8]) -> Result<Envelope, ManifestError> {
         let mut rest = bytes;
         let mut header = rmp_serde::Deserializer::new(&mut rest);
@@ -150,15 +139,15 @@ impl Index {
             <[u8; 32]>::try_from(value.as_slice())
                 .map_err(|_| lookup::damaged("its digest is not 32 bytes"))
         };
+        let version = version_text
+            .parse::<FormatVersion>()
+            .map_err(|e| ManifestError::Syntax(format!("index: {e}")))?;
+        if !version.is_read() {
+            return Err(ManifestError::UnsupportedFormat(version));
+        }
         let sha256 = Sha256Digest(digest(&mut header)?);
-        let version = version_text.parse::<FormatVersion>();
-        let blake3 = match version {
-            Ok(v) if v.major == FORMAT_VERSION.major && v.minor >= BLAKE3_SINCE => {
-                let at = bytes.len() - header.get_ref().len();
-                Some((Blake3Digest(digest(&mut header)?), at))
-            }
-            _ => None,
-        };
+        let at = bytes.len() - header.get_ref().len();
+        let blake3 = (Blake3Digest(digest(&mut header)?), at);
         Ok(Envelope {
             version,
             version_end,
@@ -175,41 +164,25 @@ impl Index {
         self.envelope.check_sha256(&self.bytes)
     }
 
-    /// The BLAKE3 the index records of itself (format 1.5 on), checked at [`Index::open`] when
-    /// verifying.
-    pub fn blake3(&self) -> Option<Blake3Digest> {
-        self.envelope.blake3.map(|(digest, _)| digest)
+    /// The BLAKE3 the index records of itself, checked at [`Index::open`] when verifying.
+    pub fn blake3(&self) -> Blake3Digest {
+        self.envelope.blake3.0
     }
 
     /// Opens an index, checking its hash when `verify` is set, and its lookup table. Nothing
     /// else is decoded: the manifest when first asked for ([`Index::manifest`]), a kernel's
-    /// record when that kernel is first used. An index older than the table is decoded
-    /// whole, and its table built from the manifest.
+    /// record when that kernel is first used.
     pub fn open(bytes: impl Into<FileBytes>, verify: bool) -> Result<Self, ManifestError> {
         let bytes = Arc::new(bytes.into());
-        // The envelope first, the version judged only once a digest vouches for it.
         let envelope = Self::envelope(&bytes)?;
         if verify {
-            envelope.check_fastest(&bytes)?;
+            envelope.check_blake3(&bytes)?;
         }
         let records = envelope.records;
-        let version = envelope
-            .version
-            .clone()
-            .map_err(|e| ManifestError::Syntax(format!("index: {e}")))?;
-        if version.major != FORMAT_VERSION.major {
-            return Err(ManifestError::UnsupportedFormat(version));
-        }
-        let (table, manifest) = if version.minor < TABLE_SINCE {
-            let (manifest, kernels) = decode_manifest(&bytes, records, version)?;
-            let table = Table::build(&manifest, &kernels, records..bytes.len())?;
-            (table, OnceLock::from(Ok(manifest)))
-        } else {
-            let whole = Table::locate(&bytes)?;
-            let records_end = whole.start;
-            let table = Table::read(bytes.clone(), whole, records..records_end, version)?;
-            (table, OnceLock::new())
-        };
+        let version = envelope.version;
+        let whole = Table::locate(&bytes)?;
+        let records_end = whole.start;
+        let table = Table::read(bytes.clone(), whole, records..records_end)?;
         let kernels = std::iter::repeat_with(OnceLock::new)
             .take(table.kernel_symbols().len())
             .collect();
@@ -219,7 +192,7 @@ impl Index {
             envelope,
             sha256: OnceLock::new(),
             table,
-            manifest,
+            manifest: OnceLock::new(),
             kernels,
         })
     }
@@ -228,8 +201,8 @@ impl Index {
     /// what names one build's index whatever its file is called, and what the packages split
     /// from it record (see [`crate::package_set`]).
     ///
-    /// Computed from the bytes on first call, not read from the file: from format 1.5 a
-    /// verified open checks the BLAKE3 alone, which covers the recorded SHA-256's value but
+    /// Computed from the bytes on first call, not read from the file: a verified open checks
+    /// the BLAKE3 alone, which covers the recorded SHA-256's value but
     /// not whether it is right, so a recorded value could name another build. Hashing here
     /// (42 µs for the repository's 87 KB index) costs only the callers that need the name,
     /// not every open; [`Index::check_sha256`] says whether the recorded value agrees.
@@ -358,15 +331,11 @@ fn compact<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
 }
 
 impl Envelope {
-    /// The SHA-256 of `bytes` as the index's own covers them: the version string (from 1.3
-    /// on) and everything after the digests.
+    /// The SHA-256 of `bytes` as the index's own covers them: the version string and
+    /// everything after the digests.
     fn sha256_of(&self, bytes: &[u8]) -> Sha256Digest {
-        let before_1_3 =
-            matches!(self.version, Ok(v) if v.major == 1 && v.minor < VERSION_DIGESTED_SINCE);
         let mut hasher = Sha256::new();
-        if !before_1_3 {
-            hasher.update(&bytes[..self.version_end]);
-        }
+        hasher.update(&bytes[..self.version_end]);
         hasher.update(&bytes[self.records..]);
         Sha256Digest(hasher.finalize().into())
     }
@@ -378,12 +347,10 @@ impl Envelope {
         Ok(())
     }
 
-    /// Checks the BLAKE3 where there is one, which covers every byte of the file but its own
-    /// value; else (before 1.5, or a version string damaged to read so) the SHA-256.
-    fn check_fastest(&self, bytes: &[u8]) -> Result<(), ManifestError> {
-        let Some((expected, at)) = self.blake3 else {
-            return self.check_sha256(bytes);
-        };
+    /// Checks the BLAKE3, which covers every byte of the file but its own value (the
+    /// SHA-256's value included).
+    fn check_blake3(&self, bytes: &[u8]) -> Result<(), ManifestError> {
+        let (expected, at) = self.blake3;
         let found = blake3::Hasher::new()
             .update(&bytes[..at])
             .update(&bytes[self.records..])

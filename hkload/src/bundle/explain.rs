@@ -35,7 +35,7 @@ impl Bundle {
                 // Not built by design only when the whole bundle has nothing for the device
                 // either, not when the package holding its code is missing.
                 let not_built = match (selection.chosen(), &missing_package) {
-                    (None, None) => self.not_built_for(index, device).ok().flatten(),
+                    (None, None) => self.not_built_for(index, device),
                     _ => None,
                 };
                 let package = match (&self.inner.source, selection.chosen()) {

@@ -39,7 +39,7 @@ impl Bundle {
                     // Not built by design only when the whole bundle has nothing for the device
                     // either, not when the package holding its code is missing.
                     let not_built = match missing {
-                        None => self.not_built_for(index, target)?,
+                        None => self.not_built_for(index, target),
                         Some(_) => None,
                     };
                     if let Some(not_built) = not_built {
@@ -242,7 +242,7 @@ impl ImageCheck {
 /// each other. Why `then` inside: the CUDA driver loads lazily by default, so
 /// `cuModuleLoadData` of that cubin returned in 39 µs and most of the load (some 150 µs) came
 /// at the first `cuModuleGetFunction`; hashing only beside the former hid a third of the hash.
-/// Small images are hashed first: see [`Digests::concurrent_from`].
+/// Small images are hashed first: see [`Digests::CONCURRENT_FROM`].
 fn load_checked<T>(
     device: &Device,
     kind: crate::driver::ImageKind,
@@ -257,7 +257,7 @@ fn load_checked<T>(
     let Some(check) = check else {
         return load();
     };
-    if check.before_load || image.len() < check.expected.concurrent_from() {
+    if check.before_load || image.len() < Digests::CONCURRENT_FROM {
         check.run(image)?;
         return load();
     }

@@ -177,21 +177,10 @@ impl Bundle {
     }
 
     /// The target module `index` skips on purpose that would have served `device`, if any.
-    /// It is asked only for a module with no code for the device; the lookup table answers it
-    /// from format 1.6 on, the manifest before.
-    fn not_built_for(&self, index: usize, device: &TargetId) -> Result<Option<NotBuilt>> {
-        if let Some(not_built) = self.table().not_built(index) {
-            return Ok(serving(device, &not_built).cloned());
-        }
-        let record = self
-            .manifest()?
-            .modules
-            .get(index)
-            .ok_or_else(|| Error::Mismatch {
-                what: format!("module {index} of the index's lookup table"),
-                detail: "the index's manifest does not list it".into(),
-            })?;
-        Ok(serving(device, &record.not_built).cloned())
+    /// It is asked only for a module with no code for the device, and the lookup table
+    /// answers it.
+    fn not_built_for(&self, index: usize, device: &TargetId) -> Option<NotBuilt> {
+        serving(device, &self.table().not_built(index)).cloned()
     }
 }
 

@@ -95,12 +95,7 @@ fn index_files(
     verdicts.push(verdict(
         INDEX_FILE,
         Ok(format!(
-            "its {} cover {} modules of format {}",
-            if index.blake3().is_some() {
-                "SHA-256 and BLAKE3"
-            } else {
-                "SHA-256"
-            },
+            "its SHA-256 and BLAKE3 cover {} modules of format {}",
             manifest.modules.len(),
             manifest.format_version
         )),
@@ -186,10 +181,9 @@ fn module_file(dir: &Path, module: &ModuleRecord) -> Result<String, String> {
         check_image(&image, entry)?;
     }
     Ok(format!(
-        "{} bytes and {} code images match their {}",
+        "{} bytes and {} code images match their SHA-256 and BLAKE3",
         bytes.len(),
         module.entries.len(),
-        digest_names(&module.digests())
     ))
 }
 
@@ -206,8 +200,8 @@ fn check_image(image: &[u8], entry: &EntryRecord) -> Result<(), String> {
     every_digest(image, &entry.digests()).map_err(|e| format!("entry {id} has {e}"))
 }
 
-/// Checks `bytes` against every digest recorded: SHA-256, and BLAKE3 where the index has one
-/// (hkload checks one of them; this, both).
+/// Checks `bytes` against both digests recorded, SHA-256 and BLAKE3 (hkload checks the
+/// BLAKE3; this, both).
 fn every_digest(bytes: &[u8], recorded: &Digests) -> Result<(), String> {
     let found = Sha256Digest::of(bytes);
     if found != recorded.sha256 {
@@ -216,21 +210,14 @@ fn every_digest(bytes: &[u8], recorded: &Digests) -> Result<(), String> {
             recorded.sha256
         ));
     }
-    if let Some(expected) = recorded.blake3 {
-        let found = Blake3Digest::of(bytes);
-        if found != expected {
-            return Err(format!("BLAKE3 {found}, the index says {expected}"));
-        }
+    let found = Blake3Digest::of(bytes);
+    if found != recorded.blake3 {
+        return Err(format!(
+            "BLAKE3 {found}, the index says {}",
+            recorded.blake3
+        ));
     }
     Ok(())
-}
-
-/// `SHA-256 and BLAKE3`, or `SHA-256` for a bundle before 1.5.
-fn digest_names(recorded: &Digests) -> &'static str {
-    match recorded.blake3 {
-        Some(_) => "SHA-256 and BLAKE3",
-        None => "SHA-256",
-    }
 }
 
 /// The ABI file's SHA-256, and its records against the index's.
