@@ -5,6 +5,12 @@
 //! Cases are made on the CPU from fresh random inputs and an f64 reference; any runner (the
 //! GPU parity suite through hkload, or a future backend) uploads the inputs, poisons the outputs
 //! with [`crate::host::POISON_BYTE`], launches, downloads and calls [`Case::check`].
+//!
+//! A [`Call`] is the same call without its data: the kernel and its arguments in the
+//! signature's order (buffers by name, element type and use; values as passed). A kernel
+//! family's module describes its calls once, as a function of the sizes, and makes its test
+//! cases from them ([`Call::case`]); the benchmarks (`bench/`) run the same calls at their own
+//! sizes, on buffers as long as the kernel's contract computes (`hkload::Kernel::extents`).
 
 use hk_format::abi::{ScalarType, ScalarValue};
 
@@ -98,6 +104,156 @@ impl CaseArg {
     }
 }
 
+/// How a kernel uses one of its buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Read only (`*const`).
+    Read,
+    /// Written only: what it held before the call does not matter.
+    Write,
+    /// Read and updated in place.
+    ReadWrite,
+}
+
+impl Access {
+    /// Whether the kernel reads the buffer's contents.
+    pub fn reads(self) -> bool {
+        self != Self::Write
+    }
+
+    /// Whether the kernel writes the buffer (`*mut`).
+    pub fn writes(self) -> bool {
+        self != Self::Read
+    }
+}
+
+/// One argument of a [`Call`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallArg {
+    /// A buffer of `elem` elements; how many, the kernel's contract says for the call.
+    Buffer {
+        name: &'static str,
+        elem: ScalarType,
+        access: Access,
+    },
+    /// A value passed by copy.
+    Scalar(ScalarValue),
+}
+
+impl CallArg {
+    /// A buffer the kernel reads.
+    pub fn read(name: &'static str, elem: ScalarType) -> Self {
+        Self::Buffer {
+            name,
+            elem,
+            access: Access::Read,
+        }
+    }
+
+    /// A buffer the kernel writes.
+    pub fn write(name: &'static str, elem: ScalarType) -> Self {
+        Self::Buffer {
+            name,
+            elem,
+            access: Access::Write,
+        }
+    }
+
+    /// A buffer the kernel updates in place.
+    pub fn read_write(name: &'static str, elem: ScalarType) -> Self {
+        Self::Buffer {
+            name,
+            elem,
+            access: Access::ReadWrite,
+        }
+    }
+
+    /// A `u32` value: a size or a count.
+    pub fn u32(value: usize) -> Self {
+        let value = u32::try_from(value).unwrap_or_else(|_| panic!("{value} exceeds a u32"));
+        Self::Scalar(ScalarValue::U32(value))
+    }
+}
+
+/// One call of a kernel without its data: the kernel's symbol and its arguments in the
+/// signature's order. [`Call::case`] makes a test case of it; a benchmark allocates each buffer
+/// at the extent the kernel's contract gives for the call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub kernel: String,
+    pub args: Vec<CallArg>,
+}
+
+/// What a test case puts in one buffer of its [`Call`].
+#[derive(Debug, Clone)]
+pub enum Fill {
+    /// The data of a buffer the kernel reads.
+    Input(Vec<f64>),
+    /// What a buffer the kernel writes must hold afterwards (the buffer is as long as that).
+    Output(Expect),
+    /// The data of a buffer the kernel updates, and what it must hold afterwards.
+    InOut(Vec<f64>, Expect),
+}
+
+impl Call {
+    /// The test case of this call, labelled `label`, with block counts `grid` (as
+    /// [`Case::grid`]): each buffer gets the fill `fills` names it with.
+    ///
+    /// # Panics
+    ///
+    /// When a buffer has no fill or two, a fill names no buffer, or a fill does not suit its
+    /// buffer's [`Access`]: a mistake in the family's cases, which their tests catch.
+    pub fn case(
+        self,
+        label: String,
+        grid: [Option<u32>; 3],
+        fills: impl IntoIterator<Item = (&'static str, Fill)>,
+    ) -> Case {
+        let mut fills: Vec<(&'static str, Fill)> = fills.into_iter().collect();
+        let kernel = self.kernel;
+        let args = self
+            .args
+            .into_iter()
+            .map(|arg| {
+                let (name, elem, access) = match arg {
+                    CallArg::Buffer { name, elem, access } => (name, elem, access),
+                    CallArg::Scalar(value) => return CaseArg::Scalar(value),
+                };
+                let mut named = fills.iter().enumerate().filter(|(_, (n, _))| *n == name);
+                let at = match (named.next(), named.next()) {
+                    (Some((at, _)), None) => at,
+                    _ => panic!("{kernel}: buffer `{name}` needs exactly one fill"),
+                };
+                match (access, fills.remove(at).1) {
+                    (Access::Read, Fill::Input(data)) => CaseArg::Input { name, elem, data },
+                    (Access::Write, Fill::Output(expect)) => CaseArg::Output {
+                        name,
+                        elem,
+                        len: expect.output_len(),
+                        expect,
+                    },
+                    (Access::ReadWrite, Fill::InOut(data, expect)) => CaseArg::InOut {
+                        name,
+                        elem,
+                        data,
+                        expect,
+                    },
+                    (access, _) => panic!("{kernel}: buffer `{name}` ({access:?}) filled wrongly"),
+                }
+            })
+            .collect();
+        if let Some((name, _)) = fills.first() {
+            panic!("{kernel}: a fill names `{name}`, which is no buffer of the call");
+        }
+        Case {
+            kernel,
+            label,
+            args,
+            grid,
+        }
+    }
+}
+
 /// One launch of one kernel with its inputs and expected outputs.
 #[derive(Debug, Clone)]
 pub struct Case {
@@ -147,6 +303,24 @@ impl std::fmt::Display for Mismatch {
 }
 
 impl Case {
+    /// The case's call without its data.
+    pub fn call(&self) -> Call {
+        let args = self
+            .args
+            .iter()
+            .map(|arg| match arg {
+                CaseArg::Input { name, elem, .. } => CallArg::read(name, *elem),
+                CaseArg::Output { name, elem, .. } => CallArg::write(name, *elem),
+                CaseArg::InOut { name, elem, .. } => CallArg::read_write(name, *elem),
+                CaseArg::Scalar(value) => CallArg::Scalar(*value),
+            })
+            .collect();
+        Call {
+            kernel: self.kernel.clone(),
+            args,
+        }
+    }
+
     /// Judges the downloaded outputs. `outputs[i]` holds the decoded contents of argument `i`
     /// after the launch (`None` for inputs and scalars).
     pub fn check(&self, outputs: &[Option<Vec<f64>>]) -> Result<(), Mismatch> {
@@ -286,6 +460,19 @@ impl CloseLayout<'_> {
 }
 
 impl Expect {
+    /// The elements an output judged this way holds (gaps between rows included).
+    pub fn output_len(&self) -> usize {
+        match self {
+            Self::Exact(want) => want.len(),
+            Self::TopKIndices {
+                input, row_len, k, ..
+            } => input.len() / (*row_len).max(1) * k,
+            Self::Close { .. } | Self::StridedClose { .. } | Self::StridedBounded { .. } => {
+                self.close_layout().map_or(0, |layout| layout.len())
+            }
+        }
+    }
+
     /// The layout of a close-to-reference output (a plain one is a single row); `None` for the
     /// forms compared otherwise.
     pub fn close_layout(&self) -> Option<CloseLayout<'_>> {
@@ -406,6 +593,87 @@ mod tests {
             c.check(&[Some(vec![1.0, f64::NAN, f64::NAN, f64::NAN])])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_call_becomes_a_case_and_back() {
+        let call = Call {
+            kernel: "k".into(),
+            args: vec![
+                CallArg::write("out", ScalarType::F32),
+                CallArg::read_write("acc", ScalarType::F32),
+                CallArg::read("x", ScalarType::Bf16),
+                CallArg::u32(3),
+            ],
+        };
+        let expect = || Expect::Close {
+            want: vec![1.0, 2.0, 3.0],
+            abs: 0.0,
+            rel: 0.0,
+        };
+        let case = call.clone().case(
+            "n=3".into(),
+            [None; 3],
+            [
+                ("x", Fill::Input(vec![0.5; 3])),
+                ("out", Fill::Output(expect())),
+                ("acc", Fill::InOut(vec![0.0; 3], expect())),
+            ],
+        );
+        assert_eq!(case.call(), call);
+        assert!(matches!(case.args[0], CaseArg::Output { len: 3, .. }));
+        assert!(matches!(&case.args[1], CaseArg::InOut { data, .. } if data.len() == 3));
+        assert!(matches!(&case.args[2], CaseArg::Input { name: "x", .. }));
+        assert!(Access::ReadWrite.reads() && Access::ReadWrite.writes());
+        assert!(!Access::Read.writes() && !Access::Write.reads());
+    }
+
+    #[test]
+    #[should_panic(expected = "buffer `x` (Read) filled wrongly")]
+    fn a_fill_must_suit_its_buffer() {
+        let call = Call {
+            kernel: "k".into(),
+            args: vec![CallArg::read("x", ScalarType::F32)],
+        };
+        call.case(
+            String::new(),
+            [None; 3],
+            [("x", Fill::Output(Expect::Exact(vec![])))],
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "a fill names `y`")]
+    fn every_fill_must_name_a_buffer() {
+        let call = Call {
+            kernel: "k".into(),
+            args: vec![CallArg::read("x", ScalarType::F32)],
+        };
+        call.case(
+            String::new(),
+            [None; 3],
+            [("x", Fill::Input(vec![])), ("y", Fill::Input(vec![]))],
+        );
+    }
+
+    #[test]
+    fn output_lengths_follow_the_expectation() {
+        let strided = Expect::StridedClose {
+            want: vec![0.0; 6],
+            row_len: 3,
+            stride: 5,
+            abs: 0.0,
+            rel: 0.0,
+        };
+        assert_eq!(strided.output_len(), 10);
+        let topk = Expect::TopKIndices {
+            input: vec![0.0; 12],
+            row_len: 4,
+            k: 2,
+            values_arg: 0,
+        };
+        assert_eq!(topk.output_len(), 6);
+        assert_eq!(Expect::Exact(vec![0.0; 7]).output_len(), 7);
     }
 
     #[test]

@@ -148,11 +148,15 @@ pub fn run_case(
     let buffers = CaseBuffers::upload_sized(device, kernel, case, sizing)?;
     launch_case(kernel, case, &buffers.args())?;
     device.synchronize()?;
-    let outputs = buffers.outputs()?;
-    Ok(Judged {
-        verdict: case.check(&outputs),
-        worst: worst_error(case, &outputs),
-    })
+    Ok(judge(case, &buffers.outputs()?))
+}
+
+/// The verdict on `outputs` (as [`CaseBuffers::outputs`] reads them back) and the worst error.
+pub fn judge(case: &Case, outputs: &[Option<Vec<f64>>]) -> Judged {
+    Judged {
+        verdict: case.check(outputs),
+        worst: worst_error(case, outputs),
+    }
 }
 
 /// Launches the case's call on the default stream: with its arguments alone, or, where the case

@@ -14,7 +14,7 @@ use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI, PI};
 use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
-use crate::case::{Case, CaseArg, Expect, grid_label};
+use crate::case::{Call, CallArg, Case, CaseArg, Expect, Fill, grid_label};
 use crate::host::{epsilon, random_rounded};
 
 /// The error function, to about 1e-15 relative (a reference for the kernels' f32 polynomial,
@@ -250,6 +250,32 @@ fn elementwise_case(
     }
 }
 
+/// The call of `{act}_and_mul` in `ty` with `rows × cols` outputs (`x` is `[rows, 2 · cols]`):
+/// `out`, `x`, `rows`, `cols`.
+pub fn gated_call(act: Activation, ty: ScalarType, rows: usize, cols: usize) -> Call {
+    Call {
+        kernel: format!("{}_and_mul_{}", act.name(), ty.name()),
+        args: vec![
+            CallArg::write("out", ty),
+            CallArg::read("x", ty),
+            CallArg::u32(rows),
+            CallArg::u32(cols),
+        ],
+    }
+}
+
+/// The case of `{act}_and_mul` in `ty` with `rows × cols` outputs, on the contract's grid: for a
+/// benchmark's check of its own sizes.
+pub fn gated_case_at(
+    act: Activation,
+    ty: ScalarType,
+    rows: usize,
+    cols: usize,
+    rng: &mut impl Rng,
+) -> Case {
+    gated_case(act, ty, gated(rows, cols), rng)
+}
+
 fn gated_case(act: Activation, ty: ScalarType, size: Gated, rng: &mut impl Rng) -> Case {
     let Gated { rows, cols, grid } = size;
     let x = random_rounded(rng, ty, rows * 2 * cols, 0.0, 6.0);
@@ -257,23 +283,14 @@ fn gated_case(act: Activation, ty: ScalarType, size: Gated, rng: &mut impl Rng) 
         .chunks(2 * cols)
         .flat_map(|row| act_and_mul(act, row))
         .collect();
-
-    Case {
-        kernel: format!("{}_and_mul_{}", act.name(), ty.name()),
-        label: format!("rows={rows} cols={cols}{}", grid_label([grid, None, None])),
-        args: vec![
-            CaseArg::Output {
-                name: "out",
-                elem: ty,
-                len: want.len(),
-                expect: expect(act, ty, want),
-            },
-            CaseArg::input("x", ty, x),
-            CaseArg::Scalar(ScalarValue::U32(rows as u32)),
-            CaseArg::Scalar(ScalarValue::U32(cols as u32)),
+    gated_call(act, ty, rows, cols).case(
+        format!("rows={rows} cols={cols}{}", grid_label([grid, None, None])),
+        [grid, None, None],
+        [
+            ("out", Fill::Output(expect(act, ty, want))),
+            ("x", Fill::Input(x)),
         ],
-        grid: [grid, None, None],
-    }
+    )
 }
 
 #[cfg(test)]

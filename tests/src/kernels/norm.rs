@@ -14,7 +14,7 @@
 use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
-use crate::case::{Case, CaseArg, Expect, grid_label};
+use crate::case::{Call, CallArg, Case, Expect, Fill, grid_label};
 use crate::host::{epsilon, random_rounded, round_to};
 
 /// `x · weight / sqrt(mean(x²) + eps)` for one row.
@@ -142,6 +142,46 @@ pub fn tolerance(ty: ScalarType) -> (f64, f64) {
     }
 }
 
+/// The `eps` the cases pass, as models do: 1e-5 for LayerNorm (PyTorch's default), 1e-6 for
+/// RMSNorm.
+pub fn eps(kind: NormKind) -> f32 {
+    if kind.has_bias() { 1e-5 } else { 1e-6 }
+}
+
+/// The call of `kind` in `ty` over `rows × cols`: `out`, `residual` (the fused kinds), `x`,
+/// `weight`, `bias` (LayerNorm), `eps`, `rows`, `cols`.
+pub fn call(kind: NormKind, ty: ScalarType, rows: usize, cols: usize) -> Call {
+    let mut args = vec![CallArg::write("out", ty)];
+    if kind.fused() {
+        args.push(CallArg::read_write("residual", ty));
+    }
+    args.extend([CallArg::read("x", ty), CallArg::read("weight", ty)]);
+    if kind.has_bias() {
+        args.push(CallArg::read("bias", ty));
+    }
+    args.extend([
+        CallArg::Scalar(ScalarValue::F32(eps(kind))),
+        CallArg::u32(rows),
+        CallArg::u32(cols),
+    ]);
+    Call {
+        kernel: format!("{}_{}", kind.name(), ty.name()),
+        args,
+    }
+}
+
+/// The case of `kind` in `ty` over `rows × cols` with inputs of magnitude 1, on the contract's
+/// grid: for a benchmark's check of its own sizes.
+pub fn case_at(
+    kind: NormKind,
+    ty: ScalarType,
+    rows: usize,
+    cols: usize,
+    rng: &mut impl Rng,
+) -> Case {
+    case(kind, ty, shape(rows, cols, 1.0), rng)
+}
+
 /// Every norm symbol at every shape in [`SHAPES`], with fresh random inputs.
 pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
     let mut cases = Vec::new();
@@ -163,7 +203,6 @@ fn case(kind: NormKind, ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Cas
         scale,
         grid,
     } = shape;
-    let eps = if kind.has_bias() { 1e-5 } else { 1e-6 };
     // Rows with a mean well away from 0 check that LayerNorm centres before squaring.
     let offset = if kind.has_bias() { 3.0 * scale } else { 0.0 };
     let x = random_rounded(rng, ty, rows * cols, offset, scale);
@@ -177,53 +216,38 @@ fn case(kind: NormKind, ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Cas
         Some(res) => residual_add(ty, &x, res),
         None => x.clone(),
     };
-    let eps_f32 = eps as f32;
+    let eps = f64::from(eps(kind));
     let want: Vec<f64> = normed_input
         .chunks(cols)
         .flat_map(|row| match kind.has_bias() {
-            true => layernorm(row, &weight, &bias, f64::from(eps_f32)),
-            false => rmsnorm(row, &weight, f64::from(eps_f32)),
+            true => layernorm(row, &weight, &bias, eps),
+            false => rmsnorm(row, &weight, eps),
         })
         .collect();
     let (abs, rel) = tolerance(ty);
-    let mut args = vec![CaseArg::close("out", ty, want, (abs, rel))];
+    let close = |want| Expect::Close { want, abs, rel };
+    let mut fills = vec![
+        ("out", Fill::Output(close(want))),
+        ("x", Fill::Input(x)),
+        ("weight", Fill::Input(weight)),
+    ];
     if let Some(data) = residual {
-        let expect = Expect::Close {
-            want: normed_input,
-            abs,
-            rel,
-        };
-        args.push(CaseArg::InOut {
-            name: "residual",
-            elem: ty,
-            data,
-            expect,
-        });
+        fills.push(("residual", Fill::InOut(data, close(normed_input))));
     }
-    args.push(CaseArg::input("x", ty, x));
-    args.push(CaseArg::input("weight", ty, weight));
     if kind.has_bias() {
-        args.push(CaseArg::input("bias", ty, bias));
+        fills.push(("bias", Fill::Input(bias)));
     }
-    args.extend([
-        CaseArg::Scalar(ScalarValue::F32(eps_f32)),
-        CaseArg::Scalar(ScalarValue::U32(rows as u32)),
-        CaseArg::Scalar(ScalarValue::U32(cols as u32)),
-    ]);
-    Case {
-        kernel: format!("{}_{}", kind.name(), ty.name()),
-        label: format!(
-            "rows={rows} cols={cols} scale={scale}{}",
-            grid_label([grid, None, None])
-        ),
-        args,
-        grid: [grid, None, None],
-    }
+    let label = format!(
+        "rows={rows} cols={cols} scale={scale}{}",
+        grid_label([grid, None, None])
+    );
+    call(kind, ty, rows, cols).case(label, [grid, None, None], fills)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::CaseArg;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 

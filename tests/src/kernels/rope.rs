@@ -6,10 +6,10 @@
 //! angles of its position (cos/sin tables of shape `[positions, rot_dim / 2]`, always f32);
 //! the remaining `dim - rot_dim` elements are copied. The kernels write `out` and read `x`.
 
-use hk_format::abi::{ScalarType, ScalarValue};
+use hk_format::abi::ScalarType;
 use rand::Rng;
 
-use crate::case::{Case, CaseArg};
+use crate::case::{Call, CallArg, Case, Expect, Fill};
 use crate::host::{epsilon, random_rounded, round_to};
 
 /// Which elements of a head vector form a rotated pair.
@@ -31,7 +31,7 @@ pub enum RopeLayout {
 }
 
 impl RopeStyle {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Self::NeoX => "neox",
             Self::GptJ => "gptj",
@@ -40,7 +40,7 @@ impl RopeStyle {
 }
 
 impl RopeLayout {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Self::Bhsd => "bhsd",
             Self::Thd => "thd",
@@ -85,19 +85,19 @@ pub fn rope_tables(positions: usize, rot_dim: usize, base: f64) -> (Vec<f64>, Ve
         .unzip()
 }
 
-/// One tensor shape to test: `batch · heads · seq` head vectors of `dim` elements (for the
-/// `thd` layout `batch` is unused and `seq` counts the tokens).
-#[derive(Debug, Clone, Copy)]
-struct Shape {
-    batch: usize,
-    heads: usize,
-    seq: usize,
-    dim: usize,
-    rot_dim: usize,
+/// One tensor shape: `batch · heads · seq` head vectors of `dim` elements, the first `rot_dim`
+/// of each rotated (for the `thd` layout `batch` is unused and `seq` counts the tokens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub batch: usize,
+    pub heads: usize,
+    pub seq: usize,
+    pub dim: usize,
+    pub rot_dim: usize,
 }
 
 impl Shape {
-    const fn new(batch: usize, heads: usize, seq: usize, dim: usize, rot_dim: usize) -> Self {
+    pub const fn new(batch: usize, heads: usize, seq: usize, dim: usize, rot_dim: usize) -> Self {
         Self {
             batch,
             heads,
@@ -132,6 +132,50 @@ fn tolerance(ty: ScalarType) -> (f64, f64) {
     }
 }
 
+/// Rows of the cos/sin tables a case of `layout` takes for `seq` positions: one a position for
+/// `bhsd`; for `thd`, where each token's position is drawn, a few more than the tokens.
+fn table_rows(layout: RopeLayout, seq: usize) -> usize {
+    match layout {
+        RopeLayout::Bhsd => seq,
+        RopeLayout::Thd => seq + 7,
+    }
+}
+
+/// The call of `rope_{style}_{layout}` in `ty` over `shape`: `out`, `x`, `cos`, `sin` (f32),
+/// then `batch`, `heads`, `seq` (`bhsd`) or `positions` (`i32`), `table_rows`, `tokens`, `heads`
+/// (`thd`), then `dim`, `rot_dim`.
+pub fn call(style: RopeStyle, layout: RopeLayout, ty: ScalarType, shape: Shape) -> Call {
+    let Shape {
+        batch,
+        heads,
+        seq,
+        dim,
+        rot_dim,
+    } = shape;
+    let mut args = vec![
+        CallArg::write("out", ty),
+        CallArg::read("x", ty),
+        CallArg::read("cos", ScalarType::F32),
+        CallArg::read("sin", ScalarType::F32),
+    ];
+    match layout {
+        RopeLayout::Bhsd => {
+            args.extend([CallArg::u32(batch), CallArg::u32(heads), CallArg::u32(seq)]);
+        }
+        RopeLayout::Thd => args.extend([
+            CallArg::read("positions", ScalarType::I32),
+            CallArg::u32(table_rows(layout, seq)),
+            CallArg::u32(seq),
+            CallArg::u32(heads),
+        ]),
+    }
+    args.extend([CallArg::u32(dim), CallArg::u32(rot_dim)]);
+    Call {
+        kernel: format!("rope_{}_{}_{}", style.name(), layout.name(), ty.name()),
+        args,
+    }
+}
+
 /// Every `rope_*` symbol at every shape in [`SHAPES`], with fresh random inputs.
 pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
     let mut cases = Vec::new();
@@ -147,7 +191,9 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
     cases
 }
 
-fn case(
+/// The case of `rope_{style}_{layout}` in `ty` over `shape`, with fresh random inputs in ±2 and
+/// the usual tables (base 10 000).
+pub fn case(
     style: RopeStyle,
     layout: RopeLayout,
     ty: ScalarType,
@@ -164,16 +210,13 @@ fn case(
     let pairs = rot_dim / 2;
     // Per head vector, the position it is rotated by; for `thd` drawn at random (repeats and
     // jumps included) from a table a little longer than the token count.
-    let (vectors, table_rows, token_positions) = match layout {
-        RopeLayout::Bhsd => (batch * heads * seq, seq, Vec::new()),
-        RopeLayout::Thd => {
-            let rows = seq + 7;
-            (
-                heads * seq,
-                rows,
-                (0..seq).map(|_| rng.random_range(0..rows)).collect(),
-            )
-        }
+    let table_rows = table_rows(layout, seq);
+    let (vectors, token_positions) = match layout {
+        RopeLayout::Bhsd => (batch * heads * seq, Vec::new()),
+        RopeLayout::Thd => (
+            heads * seq,
+            (0..seq).map(|_| rng.random_range(0..table_rows)).collect(),
+        ),
     };
     let position_of = |v: usize| match layout {
         RopeLayout::Bhsd => v % seq,
@@ -190,37 +233,29 @@ fn case(
         })
         .collect();
     let (abs, rel) = tolerance(ty);
-    let mut args = vec![
-        CaseArg::close("out", ty, want, (abs, rel)),
-        CaseArg::input("x", ty, x),
-        CaseArg::input("cos", ScalarType::F32, cos),
-        CaseArg::input("sin", ScalarType::F32, sin),
+    let mut fills = vec![
+        ("out", Fill::Output(Expect::Close { want, abs, rel })),
+        ("x", Fill::Input(x)),
+        ("cos", Fill::Input(cos)),
+        ("sin", Fill::Input(sin)),
     ];
-    let u32_arg = |n: usize| CaseArg::Scalar(ScalarValue::U32(n as u32));
     let label = match layout {
         RopeLayout::Bhsd => {
-            args.extend([u32_arg(batch), u32_arg(heads), u32_arg(seq)]);
             format!("batch={batch} heads={heads} seq={seq} dim={dim} rot_dim={rot_dim}")
         }
         RopeLayout::Thd => {
             let positions = token_positions.iter().map(|&p| p as f64).collect();
-            args.push(CaseArg::input("positions", ScalarType::I32, positions));
-            args.extend([u32_arg(table_rows), u32_arg(seq), u32_arg(heads)]);
+            fills.push(("positions", Fill::Input(positions)));
             format!("tokens={seq} heads={heads} dim={dim} rot_dim={rot_dim}")
         }
     };
-    args.extend([u32_arg(dim), u32_arg(rot_dim)]);
-    Case {
-        kernel: format!("rope_{}_{}_{}", style.name(), layout.name(), ty.name()),
-        label,
-        args,
-        grid: [None; 3],
-    }
+    call(style, layout, ty, shape).case(label, [None; 3], fills)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::CaseArg;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 

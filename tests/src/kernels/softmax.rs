@@ -6,10 +6,10 @@
 //!
 //! Launch: the kernels' contract (`manifests/softmax.toml`).
 
-use hk_format::abi::{ScalarType, ScalarValue};
+use hk_format::abi::ScalarType;
 use rand::Rng;
 
-use crate::case::{Case, CaseArg, grid_label};
+use crate::case::{Call, CallArg, Case, Expect, Fill, grid_label};
 use crate::host::{epsilon, round_to};
 
 /// The softmax of one row, computed after subtracting the row's maximum so that no exp
@@ -85,6 +85,25 @@ const SHAPES: [Shape; 12] = [
     },
 ];
 
+/// The call of `softmax` in `ty` over `rows × cols`: `out`, `x`, `rows`, `cols`.
+pub fn call(ty: ScalarType, rows: usize, cols: usize) -> Call {
+    Call {
+        kernel: format!("softmax_{}", ty.name()),
+        args: vec![
+            CallArg::write("out", ty),
+            CallArg::read("x", ty),
+            CallArg::u32(rows),
+            CallArg::u32(cols),
+        ],
+    }
+}
+
+/// The case of `softmax` in `ty` over `rows × cols` with inputs in ±8, none masked, on the
+/// contract's grid: for a benchmark's check of its own sizes.
+pub fn case_at(ty: ScalarType, rows: usize, cols: usize, rng: &mut impl Rng) -> Case {
+    case(ty, shape(rows, cols, 8.0), rng)
+}
+
 /// Every softmax symbol at every shape in [`SHAPES`], with fresh random inputs.
 pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
     let mut cases = Vec::new();
@@ -112,25 +131,24 @@ fn case(ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Case {
         .collect();
     let want: Vec<f64> = x.chunks(cols).flat_map(softmax).collect();
     let (abs, rel) = tolerance(ty);
-    Case {
-        kernel: format!("softmax_{}", ty.name()),
-        label: format!(
-            "rows={rows} cols={cols} range={range} masked={masked}{}",
-            grid_label([grid, None, None])
-        ),
-        args: vec![
-            CaseArg::close("out", ty, want, (abs, rel)),
-            CaseArg::input("x", ty, x),
-            CaseArg::Scalar(ScalarValue::U32(rows as u32)),
-            CaseArg::Scalar(ScalarValue::U32(cols as u32)),
+    let label = format!(
+        "rows={rows} cols={cols} range={range} masked={masked}{}",
+        grid_label([grid, None, None])
+    );
+    call(ty, rows, cols).case(
+        label,
+        [grid, None, None],
+        [
+            ("out", Fill::Output(Expect::Close { want, abs, rel })),
+            ("x", Fill::Input(x)),
         ],
-        grid: [grid, None, None],
-    }
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::CaseArg;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 

@@ -7,10 +7,10 @@
 
 use std::cmp::Ordering;
 
-use hk_format::abi::{ScalarType, ScalarValue};
+use hk_format::abi::ScalarType;
 use rand::Rng;
 
-use crate::case::{Case, CaseArg, Expect};
+use crate::case::{Call, CallArg, Case, Expect, Fill};
 use crate::host::round_to;
 
 /// The largest `k` the `topk_*` kernels accept (their contract refuses a larger one).
@@ -74,6 +74,28 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
     cases
 }
 
+/// The call of `topk` in `ty` over `rows` rows of `n` values: `values`, `indices` (`i32`), `x`,
+/// `rows`, `n`, `k`.
+pub fn call(ty: ScalarType, rows: usize, n: usize, k: usize) -> Call {
+    Call {
+        kernel: format!("topk_{}", ty.name()),
+        args: vec![
+            CallArg::write("values", ty),
+            CallArg::write("indices", ScalarType::I32),
+            CallArg::read("x", ty),
+            CallArg::u32(rows),
+            CallArg::u32(n),
+            CallArg::u32(k),
+        ],
+    }
+}
+
+/// The case of `topk` in `ty` over `rows` rows of `n` values spread over ±4: for a benchmark's
+/// check of its own sizes.
+pub fn case_at(ty: ScalarType, rows: usize, n: usize, k: usize, rng: &mut impl Rng) -> Case {
+    case(ty, rows, n, k, Values::Spread, rng)
+}
+
 fn draw(values: Values, rng: &mut impl Rng) -> f64 {
     match values {
         Values::Spread => rng.random_range(-4.0..4.0),
@@ -102,40 +124,28 @@ fn case(
         .flat_map(|row| topk(row, k))
         .map(|(v, _)| v)
         .collect();
-    let u32_arg = |n: usize| CaseArg::Scalar(ScalarValue::U32(n as u32));
-    Case {
-        kernel: format!("topk_{}", ty.name()),
-        label: format!("rows={rows} n={n} k={k} values={values:?}"),
-        args: vec![
-            CaseArg::Output {
-                name: "values",
-                elem: ty,
-                len: rows * k,
-                expect: Expect::Exact(want),
-            },
-            CaseArg::Output {
-                name: "indices",
-                elem: ScalarType::I32,
-                len: rows * k,
-                expect: Expect::TopKIndices {
-                    input: input.clone(),
-                    row_len: n,
-                    k,
-                    values_arg: 0,
-                },
-            },
-            CaseArg::input("x", ty, input),
-            u32_arg(rows),
-            u32_arg(n),
-            u32_arg(k),
+    let indices = Expect::TopKIndices {
+        input: input.clone(),
+        row_len: n,
+        k,
+        values_arg: 0,
+    };
+    call(ty, rows, n, k).case(
+        format!("rows={rows} n={n} k={k} values={values:?}"),
+        [None; 3],
+        [
+            ("values", Fill::Output(Expect::Exact(want))),
+            ("indices", Fill::Output(indices)),
+            ("x", Fill::Input(input)),
         ],
-        grid: [None; 3],
-    }
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::CaseArg;
+    use hk_format::abi::ScalarValue;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
