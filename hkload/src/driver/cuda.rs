@@ -18,11 +18,10 @@
 //! (interop, benchmarks) can use them after [`CudaDriver::make_current`].
 
 use std::borrow::Cow;
-use std::collections::HashMap;
-use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::ptr;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 /// The raw CUDA driver API (cudarc's bindings, CUDA 13.0 names), for code that must call CUDA
@@ -30,12 +29,11 @@ use std::time::Duration;
 /// [`CudaDriver`] is created; cudarc panics on the first call of one that does not.
 pub use cudarc::driver::sys;
 
-use super::vendor::{
-    ExtraMarkers, HandleMap, describe_launch, doing, unknown_function, with_packed_args,
-};
+use super::packed_args::{ExtraMarkers, LaunchKernelFn, launch_packed};
+use super::tables::Tables;
+use super::vendor::{Found, Image, Launch, Vendor, doing};
 use super::{
-    DeviceInfo, DevicePtr, Driver, DriverError, FunctionHandle, ImageKind, LaunchDims,
-    ModuleHandle, StreamHandle,
+    DeviceInfo, DevicePtr, DriverError, FunctionHandle, ImageKind, ModuleHandle, StreamHandle,
 };
 use crate::target::{SmArch, TargetId};
 
@@ -61,6 +59,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuModuleLoadDataEx",
     "cuModuleUnload",
     "cuModuleGetFunction",
+    "cuFuncSetAttribute",
     "cuLaunchKernel",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
@@ -91,22 +90,23 @@ const EXTRA_MARKERS: ExtraMarkers = ExtraMarkers {
 /// Room for the JIT's error log when PTX fails to compile.
 const JIT_LOG_BYTES: usize = 16 * 1024;
 
+/// `cuLaunchKernel`, as the C function pointer `packed_args` launches through.
+type CuLaunchKernel = LaunchKernelFn<sys::CUfunction, sys::CUstream, sys::CUresult>;
+
 /// NVIDIA GPUs through the CUDA driver API. See the module docs.
 pub struct CudaDriver {
     devices: Vec<CudaDevice>,
     /// The CUDA version the driver supports, `(13, 0)` for driver 580.
     version: (u32, u32),
-    /// Live modules and the device each was loaded on. Held while functions are looked up
-    /// and modules unloaded, so a lookup cannot race the unload of its module.
-    modules: Mutex<HashMap<u64, usize>>,
-    /// Functions of live modules. Read on every launch, and held for its duration so that an
-    /// unload (which takes it for writing) cannot pull the function out from under it.
-    functions: RwLock<HandleMap<FunctionEntry>>,
+    /// `cuLaunchKernel`, the one entry point bound here rather than called through [`sys`]: as
+    /// a C function pointer it has the shape of HIP's, so that one launch path serves both
+    /// APIs. It is the symbol `sys` would bind, from the library `sys` loaded.
+    cu_launch_kernel: CuLaunchKernel,
+    tables: Tables<(), DynamicShared>,
 }
 
 struct CudaDevice {
     handle: sys::CUdevice,
-    info: DeviceInfo,
     /// The device's primary context, once retained.
     context: OnceLock<Context>,
 }
@@ -124,21 +124,16 @@ unsafe impl Sync for Context {}
 /// Dynamic shared memory a launch may ask for without the kernel opting in.
 const DEFAULT_DYNAMIC_SHARED: u32 = 48 * 1024;
 
-#[derive(Debug)]
-struct FunctionEntry {
-    context: Context,
-    module: u64,
-    /// The dynamic shared memory the kernel may use, as last set (0: the default 48 KiB
-    /// less its static shared memory).
-    dynamic_shared: AtomicU32,
-}
+/// The dynamic shared memory a kernel may use, as last set (0: the default 48 KiB less its
+/// static shared memory).
+#[derive(Debug, Default)]
+pub(crate) struct DynamicShared(AtomicU32);
 
 impl std::fmt::Debug for CudaDriver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let devices: Vec<&DeviceInfo> = self.devices.iter().map(|d| &d.info).collect();
         f.debug_struct("CudaDriver")
             .field("version", &self.version)
-            .field("devices", &devices)
+            .field("devices", &self.tables.devices())
             .finish_non_exhaustive()
     }
 }
@@ -192,13 +187,13 @@ impl CudaDriver {
                     .into(),
             });
         }
-        let devices = (0..count).map(device_at).collect::<Result<_, _>>()?;
+        let (devices, infos) = (0..count).map(device_at).collect::<Result<_, _>>()?;
         let version = u32::try_from(version).unwrap_or(0);
         Ok(Self {
             devices,
             version: (version / 1000, version % 1000 / 10),
-            modules: Mutex::default(),
-            functions: RwLock::default(),
+            cu_launch_kernel: bind_launch_kernel()?,
+            tables: Tables::new(infos),
         })
     }
 
@@ -210,7 +205,7 @@ impl CudaDriver {
     /// Makes `device`'s primary context current on the calling thread (retaining it on first
     /// use), for code that calls [`sys`] directly next to hkload.
     pub fn make_current(&self, device: usize) -> Result<(), DriverError> {
-        make_current(self.context(device)?)
+        ensure_current(self.context(device)?)
     }
 
     /// Checks that the driver has every entry point in `symbols`, for code that calls them
@@ -284,7 +279,7 @@ impl CudaDriver {
             sys::cuDevicePrimaryCtxRetain(&mut raw, slot.handle)
         })
         .map_err(doing(|| {
-            format!("creating the context of {}", describe_device(slot))
+            format!("creating the context of {}", self.describe_device(device))
         }))?;
         let context = Context(raw);
         if slot.context.set(context).is_err() {
@@ -294,22 +289,6 @@ impl CudaDriver {
             let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(slot.handle) };
         }
         Ok(context)
-    }
-
-    fn lock_modules(&self) -> MutexGuard<'_, HashMap<u64, usize>> {
-        // The maps are only changed by single inserts and removals, so a panic elsewhere
-        // cannot leave them half-updated.
-        self.modules.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn unknown_module(call: &'static str, module: ModuleHandle) -> DriverError {
-        DriverError::Call {
-            call,
-            detail: format!(
-                "module {:#x} was not loaded by this driver, or is unloaded",
-                module.0
-            ),
-        }
     }
 }
 
@@ -326,240 +305,133 @@ impl Drop for CudaDriver {
     }
 }
 
-impl Driver for CudaDriver {
-    fn api(&self) -> &'static str {
-        API
+impl Vendor for CudaDriver {
+    const API: &'static str = API;
+    const DEVICE: &'static str = "CUDA";
+    const GPUS: &'static str = "an NVIDIA GPU";
+    const IMAGES: &'static [ImageKind] = &[ImageKind::Cubin, ImageKind::Ptx];
+    type Module = ();
+    type Function = DynamicShared;
+
+    fn tables(&self) -> &Tables<(), DynamicShared> {
+        &self.tables
     }
 
-    fn devices(&self) -> Result<Vec<DeviceInfo>, DriverError> {
-        Ok(self.devices.iter().map(|d| d.info.clone()).collect())
+    fn make_current(&self, device: usize) -> Result<(), DriverError> {
+        // The inherent method, public for code that calls `sys` directly.
+        CudaDriver::make_current(self, device)
     }
 
-    fn load_module(
-        &self,
-        device: usize,
-        kind: ImageKind,
-        image: &[u8],
-    ) -> Result<ModuleHandle, DriverError> {
-        let slot = self.device(device)?;
-        if kind == ImageKind::AmdCodeObject {
-            return Err(DriverError::Call {
-                call: "cuModuleLoadData",
-                detail: format!(
-                    "an AMD code object cannot run on an NVIDIA GPU ({})",
-                    describe_device(slot)
-                ),
-            });
-        }
-        self.make_current(device)?;
-        let what = |form: &str| {
-            format!(
-                "loading a {}-byte {form} on {}",
-                image.len(),
-                describe_device(slot)
-            )
+    unsafe fn module_load(&self, image: Image<'_>) -> Result<(ModuleHandle, ()), DriverError> {
+        let module = match image.kind {
+            ImageKind::Ptx => load_ptx(image.bytes, image.what)?,
+            _ => load_cubin(image.bytes).map_err(doing(image.what))?,
         };
-        let module = if kind == ImageKind::Ptx {
-            load_ptx(image, || what("PTX text"))?
-        } else {
-            load_cubin(image).map_err(doing(|| what("cubin")))?
-        };
-        self.lock_modules().insert(module as u64, device);
-        Ok(ModuleHandle(module as u64))
+        Ok((ModuleHandle(module as u64), ()))
     }
 
-    fn unload_module(&self, module: ModuleHandle) -> Result<(), DriverError> {
-        let mut modules = self.lock_modules();
-        let device = modules
-            .remove(&module.0)
-            .ok_or_else(|| Self::unknown_module("cuModuleUnload", module))?;
-        self.functions
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|_, entry| entry.module != module.0);
-        self.make_current(device)?;
-        // SAFETY: the module was live (it was in the table) and no function of it remains.
+    unsafe fn module_unload(&self, module: ModuleHandle, (): ()) -> Result<(), DriverError> {
+        // SAFETY: the caller vouches that the module is live and none of its functions is used
+        // again.
         check("cuModuleUnload", unsafe {
             sys::cuModuleUnload(module.0 as sys::CUmodule)
         })
     }
 
-    fn function(&self, module: ModuleHandle, name: &str) -> Result<FunctionHandle, DriverError> {
-        let modules = self.lock_modules();
-        let device = *modules
-            .get(&module.0)
-            .ok_or_else(|| Self::unknown_module("cuModuleGetFunction", module))?;
-        let symbol = CString::new(name).map_err(|_| DriverError::Call {
-            call: "cuModuleGetFunction",
-            detail: format!("the kernel name {name:?} holds a NUL byte"),
-        })?;
-        let context = self.context(device)?;
-        make_current(context)?;
+    unsafe fn module_get_function(
+        &self,
+        module: ModuleHandle,
+        name: &CStr,
+    ) -> Result<Found<DynamicShared>, DriverError> {
         let mut function = ptr::null_mut();
-        // SAFETY: the module is live (it is in the table, whose lock is held); `symbol` is
-        // NUL-terminated and `function` a valid place to write.
+        // SAFETY: the module is live (the caller vouches for it); `name` is NUL-terminated and
+        // `function` a valid place to write.
         check("cuModuleGetFunction", unsafe {
-            sys::cuModuleGetFunction(&mut function, module.0 as sys::CUmodule, symbol.as_ptr())
-        })
-        .map_err(doing(|| {
-            format!("looking up kernel `{name}` in its module on CUDA device {device}")
-        }))?;
-        self.functions
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(
-                function as u64,
-                FunctionEntry {
-                    context,
-                    module: module.0,
-                    dynamic_shared: AtomicU32::new(0),
-                },
-            );
-        Ok(FunctionHandle(function as u64))
+            sys::cuModuleGetFunction(&mut function, module.0 as sys::CUmodule, name.as_ptr())
+        })?;
+        Ok((FunctionHandle(function as u64), DynamicShared::default()))
     }
 
-    fn launch(
+    unsafe fn prepare_launch(
         &self,
-        function: FunctionHandle,
-        dims: &LaunchDims,
-        stream: StreamHandle,
-        args: &[u8],
+        launch: &Launch<'_>,
+        function: &DynamicShared,
     ) -> Result<(), DriverError> {
-        let functions = self
-            .functions
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
-        let entry = functions
-            .get(&function.0)
-            .ok_or_else(|| unknown_function("cuLaunchKernel", function))?;
-        make_current(entry.context)?;
         // Past 48 KiB of dynamic shared memory a kernel must opt in; hkload checked the amount
         // against the device's opt-in maximum already. Set once per kernel and size.
-        if dims.shared_bytes > DEFAULT_DYNAMIC_SHARED
-            && dims.shared_bytes > entry.dynamic_shared.load(Ordering::Relaxed)
+        let shared_bytes = launch.dims.shared_bytes;
+        if shared_bytes <= DEFAULT_DYNAMIC_SHARED
+            || shared_bytes <= function.0.load(Ordering::Relaxed)
         {
-            use sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC;
-            // SAFETY: the function belongs to a live module (the table's lock is held).
-            check("cuFuncSetAttribute", unsafe {
-                sys::cuFuncSetAttribute(
-                    function.0 as sys::CUfunction,
-                    MAX_DYNAMIC,
-                    dims.shared_bytes as c_int,
-                )
-            })
-            .map_err(doing(|| {
-                format!(
-                    "letting the kernel use {} bytes of dynamic shared memory",
-                    dims.shared_bytes
-                )
-            }))?;
-            entry
-                .dynamic_shared
-                .fetch_max(dims.shared_bytes, Ordering::Relaxed);
+            return Ok(());
         }
-        let [gx, gy, gz] = dims.grid;
-        let [bx, by, bz] = dims.block;
-        let result = with_packed_args(args, &EXTRA_MARKERS, |extra| {
-            // SAFETY: the function belongs to a live module (it is in the table, which stays
-            // read-locked until the call returns, so no unload can intervene). `extra` and the
-            // buffer and size it points to outlive the call, which copies the arguments. The
-            // stream is 0 (the default stream) or one the caller created in this context, as
-            // `Kernel::launch`'s contract requires.
-            unsafe {
-                sys::cuLaunchKernel(
-                    function.0 as sys::CUfunction,
-                    gx,
-                    gy,
-                    gz,
-                    bx,
-                    by,
-                    bz,
-                    dims.shared_bytes,
-                    stream.0 as sys::CUstream,
-                    ptr::null_mut(),
-                    extra,
-                )
-            }
-        });
-        drop(functions);
-        check("cuLaunchKernel", result).map_err(doing(|| describe_launch(dims, args)))
+        use sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC;
+        // SAFETY: the function belongs to a live module (the caller vouches for it).
+        check("cuFuncSetAttribute", unsafe {
+            sys::cuFuncSetAttribute(
+                launch.function.0 as sys::CUfunction,
+                MAX_DYNAMIC,
+                shared_bytes as c_int,
+            )
+        })
+        .map_err(doing(|| {
+            format!("letting the kernel use {shared_bytes} bytes of dynamic shared memory")
+        }))?;
+        function.0.fetch_max(shared_bytes, Ordering::Relaxed);
+        Ok(())
     }
 
-    fn alloc(&self, device: usize, bytes: usize) -> Result<DevicePtr, DriverError> {
-        // cuMemAlloc refuses zero bytes; a null pointer stands for an empty allocation, and
-        // `free` and the copies accept it.
-        if bytes == 0 {
-            return Ok(DevicePtr(0));
-        }
-        self.make_current(device)?;
+    unsafe fn launch_kernel(
+        &self,
+        launch: &Launch<'_>,
+        _: &DynamicShared,
+    ) -> Result<(), DriverError> {
+        // SAFETY: the entry point is cuLaunchKernel; the caller vouches for the function (of a
+        // live module, in the context made current), the stream (0, the default stream, or
+        // one the caller created in this context) and the arguments.
+        check("cuLaunchKernel", unsafe {
+            launch_packed(
+                self.cu_launch_kernel,
+                &EXTRA_MARKERS,
+                launch.function.0 as sys::CUfunction,
+                launch.dims,
+                launch.stream.as_raw() as sys::CUstream,
+                launch.args,
+            )
+        })
+    }
+
+    fn mem_alloc(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: `ptr` is a valid place to write.
-        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }).map_err(doing(
-            || format!("allocating {bytes} bytes on CUDA device {device}"),
-        ))?;
+        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
         Ok(DevicePtr(ptr))
     }
 
-    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), DriverError> {
-        if ptr.0 == 0 {
-            return Ok(());
-        }
-        self.make_current(device)?;
+    fn mem_free(&self, ptr: DevicePtr) -> Result<(), DriverError> {
         // SAFETY: the driver checks that `ptr` is an allocation of the context; a stale or
         // foreign pointer is an error, not undefined behaviour.
-        check("cuMemFree", unsafe { sys::cuMemFree_v2(ptr.0) }).map_err(doing(|| {
-            format!("freeing {:#x} on CUDA device {device}", ptr.0)
-        }))
+        check("cuMemFree", unsafe { sys::cuMemFree_v2(ptr.0) })
     }
 
-    fn copy_to_device(&self, device: usize, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        self.make_current(device)?;
+    fn memcpy_htod(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
         // SAFETY: `src` is valid for its length; the driver checks that the device range
         // lies in one allocation.
         check("cuMemcpyHtoD", unsafe {
             sys::cuMemcpyHtoD_v2(dst.0, src.as_ptr().cast(), src.len())
         })
-        .map_err(doing(|| {
-            format!(
-                "copying {} bytes to {:#x} on CUDA device {device}",
-                src.len(),
-                dst.0
-            )
-        }))
     }
 
-    fn copy_to_host(
-        &self,
-        device: usize,
-        dst: &mut [u8],
-        src: DevicePtr,
-    ) -> Result<(), DriverError> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        self.make_current(device)?;
+    fn memcpy_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> Result<(), DriverError> {
         // SAFETY: `dst` is valid for writes of its length; the driver checks the device range.
         check("cuMemcpyDtoH", unsafe {
             sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.0, dst.len())
         })
-        .map_err(doing(|| {
-            format!(
-                "copying {} bytes from {:#x} on CUDA device {device}",
-                dst.len(),
-                src.0
-            )
-        }))
     }
 
-    fn synchronize(&self, device: usize) -> Result<(), DriverError> {
-        self.make_current(device)?;
+    fn device_synchronize(&self) -> Result<(), DriverError> {
         // SAFETY: no pointers; the context is current.
-        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() }).map_err(doing(|| {
-            format!("waiting for CUDA device {device} (an earlier launch may have failed)")
-        }))
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
 }
 
@@ -598,8 +470,21 @@ fn check_library(symbols: &[&str]) -> Result<(), DriverError> {
     })
 }
 
-/// Device `ordinal` as hkload sees it.
-fn device_at(ordinal: c_int) -> Result<CudaDevice, DriverError> {
+/// `cuLaunchKernel`, from the library [`sys`] loaded.
+fn bind_launch_kernel() -> Result<CuLaunchKernel, DriverError> {
+    // SAFETY: `check_library` found the library and the symbol; `CuLaunchKernel` is its C
+    // signature (cuda.h, and cudarc's own declaration of it). The library stays loaded for the
+    // life of the process.
+    unsafe { sys::culib().get::<CuLaunchKernel>(b"cuLaunchKernel") }
+        .map(|symbol| *symbol)
+        .map_err(|error| DriverError::Unavailable {
+            api: API,
+            detail: format!("libcuda's cuLaunchKernel cannot be bound: {error}"),
+        })
+}
+
+/// Device `ordinal`: its handle, and what hkload knows of it.
+fn device_at(ordinal: c_int) -> Result<(CudaDevice, DeviceInfo), DriverError> {
     let mut handle: sys::CUdevice = 0;
     // SAFETY: `handle` is a valid place to write; the ordinal is below the device count.
     check("cuDeviceGet", unsafe {
@@ -636,18 +521,19 @@ fn device_at(ordinal: c_int) -> Result<CudaDevice, DriverError> {
     let compute_units = attribute(SMS)?.max(0) as u32;
     let shared_memory_per_block = attribute(SHARED_OPTIN)?.max(0) as u32;
     let max_threads_per_block = attribute(MAX_THREADS)?.max(0) as u32;
-    Ok(CudaDevice {
+    let device = CudaDevice {
         handle,
-        info: DeviceInfo {
-            ordinal: ordinal as usize,
-            name,
-            target,
-            compute_units,
-            shared_memory_per_block,
-            max_threads_per_block,
-        },
         context: OnceLock::new(),
-    })
+    };
+    let info = DeviceInfo {
+        ordinal: ordinal as usize,
+        name,
+        target,
+        compute_units,
+        shared_memory_per_block,
+        max_threads_per_block,
+    };
+    Ok((device, info))
 }
 
 /// The target ID of a device of compute capability `major.minor`: `sm_90` for 9.0. The error
@@ -664,7 +550,7 @@ fn target_of(major: c_int, minor: c_int) -> Result<TargetId, String> {
 }
 
 /// Makes `context` current on the calling thread unless it already is.
-fn make_current(context: Context) -> Result<(), DriverError> {
+fn ensure_current(context: Context) -> Result<(), DriverError> {
     let mut current = ptr::null_mut();
     // SAFETY: `current` is a valid place to write.
     check("cuCtxGetCurrent", unsafe {
@@ -801,13 +687,6 @@ fn describe(result: sys::CUresult) -> String {
         Some(text) => format!("{name} ({text})"),
         None => name,
     }
-}
-
-fn describe_device(slot: &CudaDevice) -> String {
-    format!(
-        "CUDA device {} ({}, {})",
-        slot.info.ordinal, slot.info.name, slot.info.target
-    )
 }
 
 #[cfg(test)]

@@ -19,23 +19,18 @@
 //!   `hipGetDeviceProperties` and the old layout on ROCm 5, which lacks the new symbol.
 //!
 //! Handles are HIP's own: a [`ModuleHandle`] holds a `hipModule_t`, a [`FunctionHandle`] a
-//! `hipFunction_t`, a [`StreamHandle`] a `hipStream_t` (0 is the default stream) and a
-//! [`DevicePtr`] a device address.
+//! `hipFunction_t`, a [`StreamHandle`](super::StreamHandle) a `hipStream_t` (0 is the default
+//! stream) and a [`DevicePtr`] a device address.
 
-use std::collections::HashMap;
-use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::ptr;
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
 use libloading::Library;
 
-use super::vendor::{
-    ExtraMarkers, HandleMap, describe_launch, doing, unknown_function, with_packed_args,
-};
-use super::{
-    DeviceInfo, DevicePtr, Driver, DriverError, FunctionHandle, ImageKind, LaunchDims,
-    ModuleHandle, StreamHandle,
-};
+use super::packed_args::{ExtraMarkers, LaunchKernelFn, launch_packed};
+use super::tables::Tables;
+use super::vendor::{Found, Image, Launch, Vendor, doing};
+use super::{DeviceInfo, DevicePtr, DriverError, FunctionHandle, ImageKind, ModuleHandle};
 use crate::target::TargetId;
 
 const API: &str = "hip";
@@ -113,22 +108,6 @@ const PROPERTIES_BUFFER_WORDS: usize = 512;
 type RawModule = *mut c_void;
 type RawFunction = *mut c_void;
 
-/// `hipModuleLaunchKernel(f, grid x, y, z, block x, y, z, shared bytes, stream, kernelParams,
-/// extra)`.
-type LaunchKernelFn = unsafe extern "C" fn(
-    RawFunction,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    *mut c_void,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> Status;
-
 /// The runtime's entry points, bound by name (signatures from `hip_runtime_api.h`).
 struct Api {
     get_device_count: unsafe extern "C" fn(*mut c_int) -> Status,
@@ -139,7 +118,7 @@ struct Api {
     module_load_data: unsafe extern "C" fn(*mut RawModule, *const c_void) -> Status,
     module_unload: unsafe extern "C" fn(RawModule) -> Status,
     module_get_function: unsafe extern "C" fn(*mut RawFunction, RawModule, *const c_char) -> Status,
-    module_launch_kernel: LaunchKernelFn,
+    module_launch_kernel: LaunchKernelFn<RawFunction, *mut c_void, Status>,
     malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> Status,
     free: unsafe extern "C" fn(*mut c_void) -> Status,
     memcpy: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> Status,
@@ -158,26 +137,7 @@ pub struct HipDriver {
     library: &'static str,
     /// The HIP version of the runtime, `(6, 2)`.
     version: (u32, u32),
-    devices: Vec<DeviceInfo>,
-    /// Live modules. Held while functions are looked up and modules unloaded, so a lookup
-    /// cannot race the unload of its module.
-    modules: Mutex<HashMap<u64, LoadedModule>>,
-    /// Functions of live modules. Read on every launch, and held for its duration so that an
-    /// unload (which takes it for writing) cannot pull the function out from under it.
-    functions: RwLock<HandleMap<FunctionEntry>>,
-}
-
-struct LoadedModule {
-    device: usize,
-    /// The code object HIP reads in place. Never read here: it is kept so that it is dropped
-    /// only after `hipModuleUnload`.
-    _image: CodeImage,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct FunctionEntry {
-    device: usize,
-    module: u64,
+    tables: Tables<CodeImage, ()>,
 }
 
 impl std::fmt::Debug for HipDriver {
@@ -185,7 +145,7 @@ impl std::fmt::Debug for HipDriver {
         f.debug_struct("HipDriver")
             .field("library", &self.library)
             .field("version", &self.version)
-            .field("devices", &self.devices)
+            .field("devices", &self.tables.devices())
             .finish_non_exhaustive()
     }
 }
@@ -242,9 +202,7 @@ impl HipDriver {
             api,
             library: path,
             version,
-            devices,
-            modules: Mutex::default(),
-            functions: RwLock::default(),
+            tables: Tables::new(devices),
         })
     }
 
@@ -252,17 +210,30 @@ impl HipDriver {
     pub fn runtime_version(&self) -> (u32, u32) {
         self.version
     }
+}
 
-    /// Makes `device` current on the calling thread unless it already is.
+impl Vendor for HipDriver {
+    const API: &'static str = API;
+    const DEVICE: &'static str = "HIP";
+    const GPUS: &'static str = "an AMD GPU";
+    const IMAGES: &'static [ImageKind] = &[ImageKind::AmdCodeObject];
+    /// The code object CLR reads in place, kept until the module is unloaded.
+    type Module = CodeImage;
+    type Function = ();
+
+    fn tables(&self) -> &Tables<CodeImage, ()> {
+        &self.tables
+    }
+
     fn make_current(&self, device: usize) -> Result<(), DriverError> {
         let ordinal = c_int::try_from(device)
             .ok()
-            .filter(|_| device < self.devices.len())
+            .filter(|_| device < self.tables.devices().len())
             .ok_or_else(|| DriverError::Call {
                 call: "hipSetDevice",
                 detail: format!(
                     "there is no HIP device {device}; the runtime sees {}",
-                    self.devices.len()
+                    self.tables.devices().len()
                 ),
             })?;
         let mut current: c_int = -1;
@@ -278,293 +249,105 @@ impl HipDriver {
             .check("hipSetDevice", unsafe { (self.api.set_device)(ordinal) })
     }
 
-    fn describe_device(&self, device: usize) -> String {
-        match self.devices.get(device) {
-            Some(info) => format!("HIP device {device} ({}, {})", info.name, info.target),
-            None => format!("HIP device {device}"),
-        }
-    }
-
-    fn lock_modules(&self) -> MutexGuard<'_, HashMap<u64, LoadedModule>> {
-        // The maps are only changed by single inserts and removals, so a panic elsewhere
-        // cannot leave them half-updated.
-        self.modules.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn unknown_module(call: &'static str, module: ModuleHandle) -> DriverError {
-        DriverError::Call {
-            call,
-            detail: format!(
-                "module {:#x} was not loaded by this driver, or is unloaded",
-                module.0
-            ),
-        }
-    }
-}
-
-impl Driver for HipDriver {
-    fn api(&self) -> &'static str {
-        API
-    }
-
-    fn devices(&self) -> Result<Vec<DeviceInfo>, DriverError> {
-        Ok(self.devices.clone())
-    }
-
-    fn load_module(
+    unsafe fn module_load(
         &self,
-        device: usize,
-        kind: ImageKind,
-        image: &[u8],
-    ) -> Result<ModuleHandle, DriverError> {
-        if kind != ImageKind::AmdCodeObject {
-            return Err(DriverError::Call {
-                call: "hipModuleLoadData",
-                detail: format!(
-                    "an NVIDIA {} cannot run on an AMD GPU ({})",
-                    if kind == ImageKind::Ptx {
-                        "PTX text"
-                    } else {
-                        "cubin"
-                    },
-                    self.describe_device(device)
-                ),
-            });
-        }
-        self.make_current(device)?;
-        let image = CodeImage::new(image);
+        image: Image<'_>,
+    ) -> Result<(ModuleHandle, CodeImage), DriverError> {
+        let code = CodeImage::new(image.bytes);
         let mut module = ptr::null_mut();
-        // SAFETY: `image` holds a copy of the code object that is kept, unmoved, until the
-        // module is unloaded (CLR reads it in place); CLR finds its size in its ELF headers
+        // SAFETY: `code` holds a copy of the code object that the caller keeps, unmoved, until
+        // the module is unloaded (CLR reads it in place); CLR finds its size in its ELF headers
         // and rejects what is not a code object with an error.
         self.api
             .check("hipModuleLoadData", unsafe {
-                (self.api.module_load_data)(&mut module, image.as_ptr())
+                (self.api.module_load_data)(&mut module, code.as_ptr())
             })
-            .map_err(doing(|| {
-                format!(
-                    "loading a {}-byte code object on {}",
-                    image.len,
-                    self.describe_device(device)
-                )
-            }))?;
-        self.lock_modules().insert(
-            module as u64,
-            LoadedModule {
-                device,
-                _image: image,
-            },
-        );
-        Ok(ModuleHandle(module as u64))
+            .map_err(doing(image.what))?;
+        Ok((ModuleHandle(module as u64), code))
     }
 
-    fn unload_module(&self, module: ModuleHandle) -> Result<(), DriverError> {
-        let mut modules = self.lock_modules();
-        let loaded = modules
-            .remove(&module.0)
-            .ok_or_else(|| Self::unknown_module("hipModuleUnload", module))?;
-        self.functions
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|_, entry| entry.module != module.0);
-        self.make_current(loaded.device)?;
-        // SAFETY: the module was live (it was in the table) and no function of it remains.
+    unsafe fn module_unload(
+        &self,
+        module: ModuleHandle,
+        code: CodeImage,
+    ) -> Result<(), DriverError> {
+        // SAFETY: the caller vouches that the module is live and none of its functions is used
+        // again.
         let result = self.api.check("hipModuleUnload", unsafe {
             (self.api.module_unload)(module.0 as RawModule)
         });
         // Only now may the bytes CLR read in place go.
-        drop(loaded);
+        drop(code);
         result
     }
 
-    fn function(&self, module: ModuleHandle, name: &str) -> Result<FunctionHandle, DriverError> {
-        let modules = self.lock_modules();
-        let device = modules
-            .get(&module.0)
-            .ok_or_else(|| Self::unknown_module("hipModuleGetFunction", module))?
-            .device;
-        let symbol = CString::new(name).map_err(|_| DriverError::Call {
-            call: "hipModuleGetFunction",
-            detail: format!("the kernel name {name:?} holds a NUL byte"),
-        })?;
-        self.make_current(device)?;
-        let mut function = ptr::null_mut();
-        // SAFETY: the module is live (it is in the table, whose lock is held); `symbol` is
-        // NUL-terminated and `function` a valid place to write.
-        self.api
-            .check("hipModuleGetFunction", unsafe {
-                (self.api.module_get_function)(
-                    &mut function,
-                    module.0 as RawModule,
-                    symbol.as_ptr(),
-                )
-            })
-            .map_err(doing(|| {
-                format!(
-                    "looking up kernel `{name}` in its module on {}",
-                    self.describe_device(device)
-                )
-            }))?;
-        self.functions
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(
-                function as u64,
-                FunctionEntry {
-                    device,
-                    module: module.0,
-                },
-            );
-        Ok(FunctionHandle(function as u64))
-    }
-
-    fn launch(
+    unsafe fn module_get_function(
         &self,
-        function: FunctionHandle,
-        dims: &LaunchDims,
-        stream: StreamHandle,
-        args: &[u8],
-    ) -> Result<(), DriverError> {
-        let functions = self
-            .functions
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
-        let entry = functions
-            .get(&function.0)
-            .ok_or_else(|| unknown_function("hipModuleLaunchKernel", function))?;
-        self.make_current(entry.device)?;
-        let [gx, gy, gz] = dims.grid;
-        let [bx, by, bz] = dims.block;
-        let status = with_packed_args(args, &EXTRA_MARKERS, |extra| {
-            // SAFETY: the function belongs to a live module (it is in the table, which stays
-            // read-locked until the call returns). `extra` and the buffer and size it points
-            // to outlive the call, which copies the arguments. The stream is 0 (the default
-            // stream) or one the caller created on this device, as `Kernel::launch`'s contract
-            // requires.
-            unsafe {
-                (self.api.module_launch_kernel)(
-                    function.0 as RawFunction,
-                    gx,
-                    gy,
-                    gz,
-                    bx,
-                    by,
-                    bz,
-                    dims.shared_bytes,
-                    stream.0 as *mut c_void,
-                    ptr::null_mut(),
-                    extra,
-                )
-            }
-        });
-        drop(functions);
-        self.api
-            .check("hipModuleLaunchKernel", status)
-            .map_err(doing(|| describe_launch(dims, args)))
+        module: ModuleHandle,
+        name: &CStr,
+    ) -> Result<Found<()>, DriverError> {
+        let mut function = ptr::null_mut();
+        // SAFETY: the module is live (the caller vouches for it); `name` is NUL-terminated and
+        // `function` a valid place to write.
+        self.api.check("hipModuleGetFunction", unsafe {
+            (self.api.module_get_function)(&mut function, module.0 as RawModule, name.as_ptr())
+        })?;
+        Ok((FunctionHandle(function as u64), ()))
     }
 
-    fn alloc(&self, device: usize, bytes: usize) -> Result<DevicePtr, DriverError> {
-        // A null pointer stands for an empty allocation, as on CUDA; `free` and the copies
-        // accept it.
-        if bytes == 0 {
-            return Ok(DevicePtr(0));
-        }
-        self.make_current(device)?;
+    unsafe fn launch_kernel(&self, launch: &Launch<'_>, (): &()) -> Result<(), DriverError> {
+        // SAFETY: the entry point is hipModuleLaunchKernel; the caller vouches for the function
+        // (of a live module, on the device made current), the stream (0, the default stream,
+        // or one the caller created on this device) and the arguments.
+        let status = unsafe {
+            launch_packed(
+                self.api.module_launch_kernel,
+                &EXTRA_MARKERS,
+                launch.function.0 as RawFunction,
+                launch.dims,
+                launch.stream.as_raw() as *mut c_void,
+                launch.args,
+            )
+        };
+        self.api.check("hipModuleLaunchKernel", status)
+    }
+
+    fn mem_alloc(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
         let mut ptr = ptr::null_mut();
         // SAFETY: `ptr` is a valid place to write.
         self.api
-            .check("hipMalloc", unsafe { (self.api.malloc)(&mut ptr, bytes) })
-            .map_err(doing(|| {
-                format!(
-                    "allocating {bytes} bytes on {}",
-                    self.describe_device(device)
-                )
-            }))?;
+            .check("hipMalloc", unsafe { (self.api.malloc)(&mut ptr, bytes) })?;
         Ok(DevicePtr(ptr as u64))
     }
 
-    fn free(&self, device: usize, ptr: DevicePtr) -> Result<(), DriverError> {
-        if ptr.0 == 0 {
-            return Ok(());
-        }
-        self.make_current(device)?;
+    fn mem_free(&self, ptr: DevicePtr) -> Result<(), DriverError> {
         // SAFETY: the runtime checks that `ptr` is one of its allocations; a stale or foreign
         // pointer is an error.
         self.api
             .check("hipFree", unsafe { (self.api.free)(ptr.0 as *mut c_void) })
-            .map_err(doing(|| {
-                format!("freeing {:#x} on {}", ptr.0, self.describe_device(device))
-            }))
     }
 
-    fn copy_to_device(&self, device: usize, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        self.make_current(device)?;
+    fn memcpy_htod(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
+        let (dst, len) = (dst.0 as *mut c_void, src.len());
         // SAFETY: `src` is valid for its length; the runtime checks the device range.
-        self.api
-            .check("hipMemcpy", unsafe {
-                (self.api.memcpy)(
-                    dst.0 as *mut c_void,
-                    src.as_ptr().cast(),
-                    src.len(),
-                    HIP_MEMCPY_HOST_TO_DEVICE,
-                )
-            })
-            .map_err(doing(|| {
-                format!(
-                    "copying {} bytes to {:#x} on {}",
-                    src.len(),
-                    dst.0,
-                    self.describe_device(device)
-                )
-            }))
+        self.api.check("hipMemcpy", unsafe {
+            (self.api.memcpy)(dst, src.as_ptr().cast(), len, HIP_MEMCPY_HOST_TO_DEVICE)
+        })
     }
 
-    fn copy_to_host(
-        &self,
-        device: usize,
-        dst: &mut [u8],
-        src: DevicePtr,
-    ) -> Result<(), DriverError> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        self.make_current(device)?;
-        let len = dst.len();
+    fn memcpy_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> Result<(), DriverError> {
+        let (src, len) = (src.0 as *const c_void, dst.len());
         // SAFETY: `dst` is valid for writes of its length; the runtime checks the device range.
-        self.api
-            .check("hipMemcpy", unsafe {
-                (self.api.memcpy)(
-                    dst.as_mut_ptr().cast(),
-                    src.0 as *const c_void,
-                    len,
-                    HIP_MEMCPY_DEVICE_TO_HOST,
-                )
-            })
-            .map_err(doing(|| {
-                format!(
-                    "copying {len} bytes from {:#x} on {}",
-                    src.0,
-                    self.describe_device(device)
-                )
-            }))
+        self.api.check("hipMemcpy", unsafe {
+            (self.api.memcpy)(dst.as_mut_ptr().cast(), src, len, HIP_MEMCPY_DEVICE_TO_HOST)
+        })
     }
 
-    fn synchronize(&self, device: usize) -> Result<(), DriverError> {
-        self.make_current(device)?;
+    fn device_synchronize(&self) -> Result<(), DriverError> {
         // SAFETY: no pointers; the device is current.
-        self.api
-            .check("hipDeviceSynchronize", unsafe {
-                (self.api.device_synchronize)()
-            })
-            .map_err(doing(|| {
-                format!(
-                    "waiting for {} (an earlier launch may have failed)",
-                    self.describe_device(device)
-                )
-            }))
+        self.api.check("hipDeviceSynchronize", unsafe {
+            (self.api.device_synchronize)()
+        })
     }
 }
 
@@ -731,9 +514,8 @@ fn read_properties(
 
 /// A copy of a code object in 8-byte-aligned memory that stays put: CLR reads a bare code
 /// object in place, through C structs, and a byte vector promises no alignment.
-struct CodeImage {
+pub(crate) struct CodeImage {
     words: Box<[u64]>,
-    len: usize,
 }
 
 impl CodeImage {
@@ -746,10 +528,7 @@ impl CodeImage {
                 u64::from_ne_bytes(word)
             })
             .collect();
-        Self {
-            words,
-            len: bytes.len(),
-        }
+        Self { words }
     }
 
     fn as_ptr(&self) -> *const c_void {
@@ -817,10 +596,10 @@ mod tests {
 
     #[test]
     fn code_images_keep_every_byte() {
-        for len in [0, 1, 7, 8, 9, 4100] {
+        for len in [0usize, 1, 7, 8, 9, 4100] {
             let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
             let image = CodeImage::new(&bytes);
-            assert_eq!(image.len, len);
+            assert_eq!(image.words.len(), len.div_ceil(8));
             assert_eq!(image.as_ptr() as usize % 8, 0);
             let back: Vec<u8> = image.words.iter().flat_map(|w| w.to_ne_bytes()).collect();
             assert_eq!(&back[..len], &bytes[..]);

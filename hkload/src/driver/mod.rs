@@ -5,16 +5,23 @@
 //! driver is called, so every backend gets the same checks and a recording driver can stand in
 //! for a GPU in tests.
 //!
+//! Each driver is a vendor (a private trait with one method for each API call) under one
+//! shared flow (the handle tables, making the device current, the rules for empty allocations
+//! and copies, what a failure was doing), so the drivers differ only in their calls.
+//!
 //! Handles are plain numbers owned by the driver that issued them; the safe types in the crate
 //! root ([`crate::Bundle`], [`crate::Kernel`], [`crate::DeviceBuffer`]) own them and release
 //! them on drop.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod flow;
 #[cfg(feature = "hip")]
 pub mod hip;
-mod recording;
 #[cfg(any(feature = "cuda", feature = "hip"))]
+mod packed_args;
+mod recording;
+mod tables;
 mod vendor;
 
 #[cfg(feature = "cuda")]

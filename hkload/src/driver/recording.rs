@@ -1,13 +1,20 @@
 //! A driver that pretends to be GPUs of any target IDs and records what it is asked to do:
 //! which code images were loaded where, and every launch with its packed argument bytes.
 //! Memory is plain host memory, so uploads read back; kernels do not run.
+//!
+//! It is a [`Vendor`] like CUDA and HIP, so the driver flow's bookkeeping (handle tables,
+//! zero-byte allocations, empty copies, the errors for stale handles) is the same one a test
+//! on it exercises.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::ffi::CStr;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use super::tables::Tables;
+use super::vendor::{Found, Image, Launch, Vendor};
 use super::{
-    DeviceInfo, DevicePtr, Driver, DriverError, FunctionHandle, ImageKind, LaunchDims,
-    ModuleHandle, StreamHandle,
+    DeviceInfo, DevicePtr, DriverError, FunctionHandle, ImageKind, LaunchDims, ModuleHandle,
+    StreamHandle,
 };
 use crate::target::TargetId;
 
@@ -41,42 +48,59 @@ pub const SIMULATED_COMPUTE_UNITS: u32 = 304;
 pub const SIMULATED_MAX_THREADS_PER_BLOCK: u32 = 1024;
 
 /// A stand-in GPU driver for tests. See the module docs.
-#[derive(Debug)]
 pub struct RecordingDriver {
-    targets: Vec<TargetId>,
-    max_threads_per_block: u32,
     state: Mutex<State>,
+    /// Functions are kept with their kernel's name, for the log.
+    tables: Tables<(), String>,
 }
 
 #[derive(Debug, Default)]
 struct State {
     log: Vec<Recorded>,
     next_handle: u64,
-    /// Live modules: which device each is on.
-    modules: HashMap<u64, usize>,
-    /// Functions: their module and symbol name.
-    functions: HashMap<u64, (u64, String)>,
     /// Allocations by base address.
     memory: HashMap<u64, Vec<u8>>,
+}
+
+impl std::fmt::Debug for RecordingDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordingDriver")
+            .field("devices", &self.tables.devices())
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RecordingDriver {
     /// One simulated device per target ID, with ordinals in the given order.
     pub fn new(targets: impl IntoIterator<Item = TargetId>) -> Self {
+        let devices = targets
+            .into_iter()
+            .enumerate()
+            .map(|(ordinal, target)| DeviceInfo {
+                ordinal,
+                name: format!("simulated {target}"),
+                target,
+                compute_units: SIMULATED_COMPUTE_UNITS,
+                shared_memory_per_block: target.shared_memory_per_block(),
+                max_threads_per_block: SIMULATED_MAX_THREADS_PER_BLOCK,
+            })
+            .collect();
         Self {
-            targets: targets.into_iter().collect(),
-            max_threads_per_block: SIMULATED_MAX_THREADS_PER_BLOCK,
             state: Mutex::new(State {
                 next_handle: 1,
                 ..State::default()
             }),
+            tables: Tables::new(devices),
         }
     }
 
     /// The same devices reporting `threads` as the most a block may have, as a driver may
     /// for a device (or a partition of one) smaller than the code objects assume.
     pub fn with_max_threads_per_block(mut self, threads: u32) -> Self {
-        self.max_threads_per_block = threads;
+        for device in self.tables.devices_mut() {
+            device.max_threads_per_block = threads;
+        }
         self
     }
 
@@ -85,21 +109,10 @@ impl RecordingDriver {
         self.lock().log.clone()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the log half-updated in a way that
         // matters to a test, so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn check_device(&self, device: usize) -> Result<(), DriverError> {
-        if device < self.targets.len() {
-            Ok(())
-        } else {
-            Err(call_error(
-                "device",
-                format!("no device {device}; there are {}", self.targets.len()),
-            ))
-        }
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -118,7 +131,7 @@ impl State {
         let (base, bytes) = self
             .memory
             .iter_mut()
-            .find(|(base, bytes)| ptr.0 >= **base && ptr.0 - **base < bytes.len().max(1) as u64)
+            .find(|(base, bytes)| ptr.0 >= **base && ptr.0 - **base < bytes.len() as u64)
             .ok_or_else(|| call_error("copy", format!("{:#x} is not allocated", ptr.0)))?;
         let offset = (ptr.0 - base) as usize;
         if offset + len > bytes.len() {
@@ -131,95 +144,73 @@ impl State {
     }
 }
 
-impl Driver for RecordingDriver {
-    fn api(&self) -> &'static str {
-        "recording"
+impl Vendor for RecordingDriver {
+    const API: &'static str = "recording";
+    const DEVICE: &'static str = "simulated";
+    const GPUS: &'static str = "a simulated GPU";
+    const IMAGES: &'static [ImageKind] =
+        &[ImageKind::AmdCodeObject, ImageKind::Cubin, ImageKind::Ptx];
+    type Module = ();
+    type Function = String;
+
+    fn tables(&self) -> &Tables<(), String> {
+        &self.tables
     }
 
-    fn devices(&self) -> Result<Vec<DeviceInfo>, DriverError> {
-        Ok(self
-            .targets
-            .iter()
-            .enumerate()
-            .map(|(ordinal, target)| DeviceInfo {
-                ordinal,
-                name: format!("simulated {target}"),
-                target: *target,
-                compute_units: SIMULATED_COMPUTE_UNITS,
-                shared_memory_per_block: target.shared_memory_per_block(),
-                max_threads_per_block: self.max_threads_per_block,
-            })
-            .collect())
+    /// A simulated device has nothing to make current; the ordinal is checked all the same.
+    fn make_current(&self, device: usize) -> Result<(), DriverError> {
+        if device < self.tables.devices().len() {
+            return Ok(());
+        }
+        let detail = format!(
+            "no device {device}; there are {}",
+            self.tables.devices().len()
+        );
+        Err(call_error("device", detail))
     }
 
-    fn load_module(
-        &self,
-        device: usize,
-        kind: ImageKind,
-        image: &[u8],
-    ) -> Result<ModuleHandle, DriverError> {
-        self.check_device(device)?;
+    unsafe fn module_load(&self, image: Image<'_>) -> Result<(ModuleHandle, ()), DriverError> {
         let mut state = self.lock();
         let module = ModuleHandle(state.handle());
-        state.modules.insert(module.0, device);
         state.log.push(Recorded::Load {
-            device,
-            kind,
-            image: image.to_vec(),
+            device: image.device,
+            kind: image.kind,
+            image: image.bytes.to_vec(),
             module,
         });
-        Ok(module)
+        Ok((module, ()))
     }
 
-    fn unload_module(&self, module: ModuleHandle) -> Result<(), DriverError> {
-        let mut state = self.lock();
-        state
-            .modules
-            .remove(&module.0)
-            .ok_or_else(|| call_error("unload_module", format!("no module {}", module.0)))?;
-        state.functions.retain(|_, (m, _)| *m != module.0);
-        state.log.push(Recorded::Unload { module });
+    unsafe fn module_unload(&self, module: ModuleHandle, (): ()) -> Result<(), DriverError> {
+        self.lock().log.push(Recorded::Unload { module });
         Ok(())
     }
 
-    fn function(&self, module: ModuleHandle, name: &str) -> Result<FunctionHandle, DriverError> {
-        let mut state = self.lock();
-        if !state.modules.contains_key(&module.0) {
-            return Err(call_error("function", format!("no module {}", module.0)));
-        }
-        let function = FunctionHandle(state.handle());
-        state
-            .functions
-            .insert(function.0, (module.0, name.to_owned()));
-        Ok(function)
+    unsafe fn module_get_function(
+        &self,
+        _: ModuleHandle,
+        name: &CStr,
+    ) -> Result<Found<String>, DriverError> {
+        let function = FunctionHandle(self.lock().handle());
+        Ok((function, name.to_string_lossy().into_owned()))
     }
 
-    fn launch(
+    unsafe fn launch_kernel(
         &self,
-        function: FunctionHandle,
-        dims: &LaunchDims,
-        stream: StreamHandle,
-        args: &[u8],
+        launch: &Launch<'_>,
+        kernel: &String,
     ) -> Result<(), DriverError> {
-        let mut state = self.lock();
-        let (module, kernel) = state
-            .functions
-            .get(&function.0)
-            .cloned()
-            .ok_or_else(|| call_error("launch", format!("no function {}", function.0)))?;
-        let device = state.modules[&module];
-        state.log.push(Recorded::Launch {
-            device,
-            kernel,
-            dims: *dims,
-            stream,
-            args: args.to_vec(),
+        self.lock().log.push(Recorded::Launch {
+            device: launch.device,
+            kernel: kernel.clone(),
+            dims: *launch.dims,
+            stream: launch.stream,
+            args: launch.args.to_vec(),
         });
         Ok(())
     }
 
-    fn alloc(&self, device: usize, bytes: usize) -> Result<DevicePtr, DriverError> {
-        self.check_device(device)?;
+    fn mem_alloc(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
         let mut state = self.lock();
         // Distinct, 256-byte-aligned fake addresses, as real allocators give.
         let base = state.handle() << 32;
@@ -227,7 +218,7 @@ impl Driver for RecordingDriver {
         Ok(DevicePtr(base))
     }
 
-    fn free(&self, _device: usize, ptr: DevicePtr) -> Result<(), DriverError> {
+    fn mem_free(&self, ptr: DevicePtr) -> Result<(), DriverError> {
         self.lock()
             .memory
             .remove(&ptr.0)
@@ -235,28 +226,21 @@ impl Driver for RecordingDriver {
             .ok_or_else(|| call_error("free", format!("{:#x} is not allocated", ptr.0)))
     }
 
-    fn copy_to_device(&self, device: usize, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
-        self.check_device(device)?;
+    fn memcpy_htod(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
         let mut state = self.lock();
         let (bytes, offset) = state.region(dst, src.len())?;
         bytes[offset..offset + src.len()].copy_from_slice(src);
         Ok(())
     }
 
-    fn copy_to_host(
-        &self,
-        device: usize,
-        dst: &mut [u8],
-        src: DevicePtr,
-    ) -> Result<(), DriverError> {
-        self.check_device(device)?;
+    fn memcpy_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> Result<(), DriverError> {
         let mut state = self.lock();
         let (bytes, offset) = state.region(src, dst.len())?;
         dst.copy_from_slice(&bytes[offset..offset + dst.len()]);
         Ok(())
     }
 
-    fn synchronize(&self, device: usize) -> Result<(), DriverError> {
-        self.check_device(device)
+    fn device_synchronize(&self) -> Result<(), DriverError> {
+        Ok(())
     }
 }

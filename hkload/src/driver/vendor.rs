@@ -1,95 +1,146 @@
-//! What the CUDA and HIP drivers share: the two vendor APIs launch a kernel from a packed
-//! argument buffer the same way (an `extra` array of markers, differently numbered), keep their
-//! launch tables keyed by the same kind of handle, and word their failures alike.
+//! What the driver flow ([`super::flow`]) needs from one GPU API: the [`Vendor`] trait, a
+//! method for each call (or for the few calls the API needs together), each turning the API's
+//! status into a `Result`. What the backends share around those calls (the handle tables,
+//! making the device current before each call, the zero-byte and empty-copy rules, what a
+//! failure says it was doing) is the flow's, written once.
 
-use std::collections::HashMap;
-use std::ffi::c_void;
-use std::hash::{BuildHasherDefault, Hasher};
-use std::ptr;
+use std::ffi::CStr;
 
-use super::{DriverError, FunctionHandle, LaunchDims};
+use super::tables::Tables;
+use super::{
+    DevicePtr, DriverError, FunctionHandle, ImageKind, LaunchDims, ModuleHandle, StreamHandle,
+};
 
-/// A table keyed by a handle the vendor API hands out (a function or module pointer), read on
-/// every launch.
-pub(crate) type HandleMap<V> = HashMap<u64, V, BuildHasherDefault<HandleHasher>>;
+pub(crate) type Result<T> = std::result::Result<T, DriverError>;
 
-/// Hashes handle keys with one folded multiply. SipHash's resistance to chosen keys buys
-/// nothing for pointers the driver hands out, and costs several nanoseconds on every launch.
-#[derive(Default)]
-pub(crate) struct HandleHasher(u64);
+/// A function found in a module, and what the vendor keeps with it.
+pub(crate) type Found<F> = (FunctionHandle, F);
 
-impl Hasher for HandleHasher {
-    fn finish(&self) -> u64 {
-        self.0
+/// A code image to load, as the flow hands it to [`Vendor::module_load`].
+pub(crate) struct Image<'a> {
+    pub device: usize,
+    pub kind: ImageKind,
+    pub bytes: &'a [u8],
+    /// What loading it is, for messages: `loading a 4096-byte cubin on CUDA device 0 (…)`.
+    /// Only the GPU vendors read it: the recording driver's loads cannot fail.
+    #[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
+    pub what: &'a dyn Fn() -> String,
+}
+
+/// A launch, as the flow hands it to [`Vendor::launch_kernel`].
+pub(crate) struct Launch<'a> {
+    /// Only the GPU vendors read it: the recording driver logs the kernel's name instead.
+    #[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
+    pub function: FunctionHandle,
+    /// The device of the function's module, current on this thread.
+    pub device: usize,
+    pub dims: &'a LaunchDims,
+    pub stream: StreamHandle,
+    /// The kernel's packed argument buffer.
+    pub args: &'a [u8],
+}
+
+/// One GPU API's calls, for the driver flow. The flow makes a device current (through
+/// [`Vendor::make_current`]) before each call on it, and calls with handles only from its
+/// tables; a vendor only calls its API and reports the outcome.
+pub(crate) trait Vendor: Send + Sync + Sized {
+    /// The API's short name, [`Driver::api`](super::Driver::api): `cuda`.
+    const API: &'static str;
+    /// How messages name a device: `CUDA` gives `CUDA device 0 (NVIDIA H100 80GB HBM3, sm_90)`.
+    const DEVICE: &'static str;
+    /// The GPUs it runs code on, for refusing another vendor's image: `an NVIDIA GPU`.
+    const GPUS: &'static str;
+    /// The forms of code image it loads.
+    const IMAGES: &'static [ImageKind];
+
+    /// What it keeps with a module until the module is unloaded.
+    type Module: Send;
+    /// What it keeps with a function.
+    type Function: Send + Sync;
+
+    /// Where the flow keeps this driver's devices, modules and functions.
+    fn tables(&self) -> &Tables<Self::Module, Self::Function>;
+
+    /// Makes `device` current on the calling thread unless it already is, refusing a device
+    /// the API does not have.
+    fn make_current(&self, device: usize) -> Result<()>;
+
+    /// Loads `image`, of a form in [`Vendor::IMAGES`], on its device. A failure says
+    /// `image.what`.
+    ///
+    /// # Safety
+    ///
+    /// The caller keeps the returned `Self::Module` until [`Vendor::module_unload`] has returned
+    /// for the module (HIP reads the image it holds in place).
+    unsafe fn module_load(&self, image: Image<'_>) -> Result<(ModuleHandle, Self::Module)>;
+
+    /// Unloads `module`, dropping `kept` only after.
+    ///
+    /// # Safety
+    ///
+    /// `module` was loaded by this vendor and is live, and no function of it is used again.
+    unsafe fn module_unload(&self, module: ModuleHandle, kept: Self::Module) -> Result<()>;
+
+    /// Looks up the kernel `name` in `module`.
+    ///
+    /// # Safety
+    ///
+    /// `module` was loaded by this vendor and stays live during the call.
+    unsafe fn module_get_function(
+        &self,
+        module: ModuleHandle,
+        name: &CStr,
+    ) -> Result<Found<Self::Function>>;
+
+    /// Prepares `function` for a launch of `launch.dims`, where the API needs it (CUDA: letting
+    /// the kernel use more than 48 KiB of dynamic shared memory). Its failure is its own, not
+    /// the launch's.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Vendor::launch_kernel`].
+    unsafe fn prepare_launch(&self, launch: &Launch<'_>, function: &Self::Function) -> Result<()> {
+        let _ = (launch, function);
+        Ok(())
     }
 
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.write_u64(self.0 ^ u64::from(byte));
+    /// Launches `launch.function`, whose state is `function`.
+    ///
+    /// # Safety
+    ///
+    /// The function was found by this vendor in a module that stays live during the call; the
+    /// stream is null or one of the device's (as `Kernel::launch`'s contract requires); the
+    /// arguments are laid out as the kernel's parameters are.
+    unsafe fn launch_kernel(&self, launch: &Launch<'_>, function: &Self::Function) -> Result<()>;
+
+    /// Allocates `bytes` (more than zero) of device memory.
+    fn mem_alloc(&self, bytes: usize) -> Result<DevicePtr>;
+
+    /// Frees memory from [`Vendor::mem_alloc`] (never null).
+    fn mem_free(&self, ptr: DevicePtr) -> Result<()>;
+
+    /// Copies host bytes (at least one) to device memory, synchronously.
+    fn memcpy_htod(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
+
+    /// Copies device memory to host bytes (at least one), synchronously.
+    fn memcpy_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> Result<()>;
+
+    /// Waits until all work queued on the device has finished.
+    fn device_synchronize(&self) -> Result<()>;
+
+    /// `CUDA device 0 (NVIDIA H100 80GB HBM3, sm_90)`, or just `CUDA device 9` for a device the
+    /// API does not have.
+    fn describe_device(&self, device: usize) -> String {
+        match self.tables().devices().get(device) {
+            Some(info) => format!(
+                "{} device {device} ({}, {})",
+                Self::DEVICE,
+                info.name,
+                info.target
+            ),
+            None => format!("{} device {device}", Self::DEVICE),
         }
     }
-
-    fn write_u64(&mut self, key: u64) {
-        // The high half of the product carries every key bit into the low bits that pick the
-        // bucket, which aligned pointers would otherwise leave all zero.
-        let product = u128::from(key) * 0x9E37_79B9_7F4A_7C15;
-        self.0 = (product as u64) ^ ((product >> 64) as u64);
-    }
-}
-
-/// The markers of a launch's `extra` array, as one vendor numbers them: the packed argument
-/// buffer, its size, and the end of the array.
-pub(crate) struct ExtraMarkers {
-    pub buffer_pointer: usize,
-    pub buffer_size: usize,
-    pub end: usize,
-}
-
-/// Calls `launch` with the `extra` array that hands the driver `args`, a kernel's packed
-/// argument buffer, or with null for a kernel without arguments (which gets no buffer at all).
-/// The array and the size it points to live until `launch` returns; the driver copies the
-/// arguments during the call.
-pub(crate) fn with_packed_args<R>(
-    args: &[u8],
-    markers: &ExtraMarkers,
-    launch: impl FnOnce(*mut *mut c_void) -> R,
-) -> R {
-    let mut size = args.len();
-    let mut extra = [
-        markers.buffer_pointer as *mut c_void,
-        args.as_ptr().cast_mut().cast(),
-        markers.buffer_size as *mut c_void,
-        (&raw mut size).cast(),
-        markers.end as *mut c_void,
-    ];
-    launch(if args.is_empty() {
-        ptr::null_mut()
-    } else {
-        extra.as_mut_ptr()
-    })
-}
-
-/// The error for launching a function the driver's launch table does not hold.
-pub(crate) fn unknown_function(call: &'static str, function: FunctionHandle) -> DriverError {
-    DriverError::Call {
-        call,
-        detail: format!(
-            "function {:#x} was not looked up through this driver, or its module is unloaded",
-            function.0
-        ),
-    }
-}
-
-/// What a failed launch was doing, for [`doing`].
-pub(crate) fn describe_launch(dims: &LaunchDims, args: &[u8]) -> String {
-    format!(
-        "launching grid {:?}, block {:?}, {} bytes of dynamic shared memory, {} bytes of \
-         arguments",
-        dims.grid,
-        dims.block,
-        dims.shared_bytes,
-        args.len()
-    )
 }
 
 /// Adds what the failed call was doing to its error, as `… while <what>`.
@@ -106,39 +157,6 @@ pub(crate) fn doing(what: impl FnOnce() -> String) -> impl FnOnce(DriverError) -
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn handle_hashes_spread_aligned_pointers_over_buckets() {
-        let buckets: std::collections::HashSet<u64> = (0..64u64)
-            .map(|i| {
-                let mut hasher = HandleHasher::default();
-                hasher.write_u64(0x7f3a_1200_0000 + i * 4096);
-                hasher.finish() % 64
-            })
-            .collect();
-        assert!(buckets.len() >= 32, "{} of 64 buckets used", buckets.len());
-    }
-
-    #[test]
-    fn packed_args_go_behind_the_vendor_markers() {
-        let markers = ExtraMarkers {
-            buffer_pointer: 1,
-            buffer_size: 2,
-            end: 3,
-        };
-        let args = [7u8; 12];
-        with_packed_args(&args, &markers, |extra| {
-            // SAFETY: a non-empty buffer gets the five-slot array, live during the call.
-            let extra = unsafe { std::slice::from_raw_parts(extra, 5) };
-            assert_eq!(extra[0] as usize, 1);
-            assert_eq!(extra[1].cast_const(), args.as_ptr().cast());
-            assert_eq!(extra[2] as usize, 2);
-            // SAFETY: the size slot points at a live usize.
-            assert_eq!(unsafe { *extra[3].cast::<usize>() }, 12);
-            assert_eq!(extra[4] as usize, 3);
-        });
-        with_packed_args(&[], &markers, |extra| assert!(extra.is_null()));
-    }
 
     #[test]
     fn failed_calls_say_what_they_were_doing() {
