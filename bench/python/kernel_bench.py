@@ -13,7 +13,7 @@ the targets.
 
 usage: kernel_bench.py PROGRAM BUNDLE [--iters N] [--only KERNEL[,KERNEL...]]
                        [--compile-budget SECONDS] [--no-compile]
-       kernel_bench.py PROGRAM --plan        the shapes (PROGRAM --list); needs no GPU or torch
+       kernel_bench.py PROGRAM BUNDLE --plan the shapes (PROGRAM BUNDLE --list); needs no GPU or torch
        kernel_bench.py --report FILE         the table again, from a saved kernel_bench.json
 
 Exits with 0 when gpu_kernel_bench ran clean and our outputs agree with PyTorch's (a missed
@@ -743,10 +743,11 @@ def main() -> int:
         with open(args.report, encoding="utf-8") as file:
             print(render_report(json.load(file)))
         return 0
-    if not args.program or (not args.bundle and not args.plan):
+    if not args.program or not args.bundle:
         parser.error("give the gpu_kernel_bench program and the bundle folder")
     only = ["--only", args.only] if args.only else []
-    listing = [args.program, "--list", "--iters", str(args.iters), *only]
+    # The program sizes each shape's buffers from the bundle's contracts, on a simulated device.
+    listing = [args.program, args.bundle, "--list", "--iters", str(args.iters), *only]
     if args.plan:
         code, out = run_program(listing, 60)
         _, plan, _ = parse_records(out)

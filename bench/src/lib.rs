@@ -3,4 +3,7 @@
 //! (`cpu_cold_start`, `gpu_bench`) and kernel speed (`gpu_kernel_bench`, with
 //! `bench/python/kernel_bench.py`); the PyTorch-side scripts are in `bench/python/`.
 
+#[cfg(feature = "cuda")]
+pub mod events;
 pub mod timing;
+pub mod workload;

@@ -12,6 +12,9 @@ use rand::Rng;
 use crate::case::{Call, CallArg, Case, Expect, Fill};
 use crate::host::{epsilon, random_rounded, round_to};
 
+/// The frequency base of the cases' tables, as in most models.
+pub const BASE: f64 = 10_000.0;
+
 /// Which elements of a head vector form a rotated pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -192,7 +195,7 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
 }
 
 /// The case of `rope_{style}_{layout}` in `ty` over `shape`, with fresh random inputs in ±2 and
-/// the usual tables (base 10 000).
+/// the usual tables (of [`BASE`]).
 pub fn case(
     style: RopeStyle,
     layout: RopeLayout,
@@ -223,7 +226,7 @@ pub fn case(
         RopeLayout::Thd => token_positions[v / heads],
     };
     let x = random_rounded(rng, ty, vectors * dim, 0.0, 2.0);
-    let (cos, sin) = rope_tables(table_rows, rot_dim, 10_000.0);
+    let (cos, sin) = rope_tables(table_rows, rot_dim, BASE);
     let want: Vec<f64> = x
         .chunks(dim)
         .enumerate()
