@@ -16,6 +16,9 @@ Speed: TFLOP/s at batch x sequence = 16k tokens, sequence 1k-16k, heads 32 (GQA 
 dims 64 and 128, causal and not (causal counts half the products, as FlashAttention does); the
 forward pass alone, then forward + backward through hkload.torch's differentiable op.
 
+The forward's call is the one hkload.attention's op makes (hkload.attention.call_forward), with
+O and the LSE this script allocates.
+
 usage: attention_bench.py BUNDLE [--check-only | --bench-only] [--forward-only]
        (hkload on PYTHONPATH; --forward-only leaves out forward + backward)
 """
@@ -26,25 +29,21 @@ import math
 import statistics
 import sys
 
-import hkload
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
+    print(__doc__)  # before torch and hkload load: the usage needs neither
+    sys.exit(0)
+
+import hkload  # noqa: E402
+import hkload.attention  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 EPS = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
-NAME = {torch.bfloat16: "bf16", torch.float16: "f16"}
-
-
-def flat(x):
-    """A token-row tensor [tokens, heads, dim] with rows x.stride(0) apart as the contiguous 1-D
-    span from its first element to its last, which hkload takes (the kernel reads the rows
-    through the ld argument)."""
-    n = (x.shape[0] - 1) * x.stride(0) + x.shape[1] * x.shape[2]
-    return torch.as_strided(x, (n,), (1,), x.storage_offset())
 
 
 def symbol(d, dv, dt):
-    return f"attn_fwd_d{d}_{NAME[dt]}" if d == dv else f"attn_fwd_d{d}_dv{dv}_{NAME[dt]}"
+    return f"attn_fwd_{hkload.attention.suffix(d, dv, dt)}"
 
 
 class Attention:
@@ -55,17 +54,14 @@ class Attention:
         """q [B*S, Hq, d], k, v [B*S, Hkv, d|dv] (token rows may be strided); sequences of equal
         length. Returns (o, lse)."""
         tokens, hq, d = q.shape
-        hkv, dv = v.shape[1], v.shape[2]
+        dv = v.shape[2]
         cu = torch.arange(0, (batch + 1) * seq, seq, device="cuda", dtype=torch.int32)
         if o is None:
             o = torch.empty(tokens, hq, dv, device="cuda", dtype=q.dtype)
         if lse is None:
             lse = torch.empty(hq, tokens, device="cuda", dtype=torch.float32)
-        self.kernels.call(
-            symbol(d, dv, q.dtype), flat(o), lse, flat(q), flat(k), flat(v), cu, cu,
-            batch, tokens, tokens, seq, hq, hkv,
-            q.stride(0), k.stride(0), v.stride(0), o.stride(0), lse.stride(0),
-            1.0 / math.sqrt(d), 0.0, int(causal), window[0], window[1],
+        hkload.attention.call_forward(
+            self.kernels, o, lse, q, k, v, cu, cu, seq, 1.0 / math.sqrt(d), 0.0, causal, window[0], window[1]
         )
         return o, lse
 
@@ -172,7 +168,7 @@ def bench_training(bundle):
     import hkload.torch
 
     ops = hkload.torch.register(hkload.Bundle(bundle).load(torch.device("cuda", 0)), namespace="hk_bench")
-    print(f"\nforward + backward TFLOP/s, bf16, 16k tokens, heads 32/8")
+    print("\nforward + backward TFLOP/s, bf16, 16k tokens, heads 32/8")
     print(f"{'d':>4} {'seq':>6} {'causal':>6} | {'hk':>7} {'flash':>7} {'cudnn':>7} | "
           f"{'hk/flash':>8} {'hk/cudnn':>8}")
     for d in (64, 128):
@@ -204,7 +200,7 @@ def bench_training(bundle):
 
 def main():
     args = sys.argv[1:]
-    if not args:
+    if not args or args[0].startswith("-"):
         sys.exit(__doc__)
     att = Attention(args[0])
     ok = True

@@ -7,7 +7,10 @@
 - a plain ``torch.library.custom_op`` wrapping ``torch.add``: what a custom op costs.
 
 Each is called ROUNDS times in a loop of CALLS calls, the four interleaved round by round;
-the table shows the median round's time per call. usage: call_overhead.py [BUNDLE]
+the table shows the median round's time per call. The kernel's arguments are put in order by
+kernel_calls.py once, outside the loops.
+
+usage: call_overhead.py [BUNDLE]   (default: HKLOAD_BUNDLE, else dist/hk-kernels-0.1.0)
 """
 
 from __future__ import annotations
@@ -17,10 +20,15 @@ import statistics
 import sys
 import time
 
-import torch
+if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
+    print(__doc__)  # before torch and hkload load: the usage needs neither
+    sys.exit(0)
 
-import hkload
-import hkload.torch
+import torch  # noqa: E402
+
+import hkload  # noqa: E402
+import hkload.torch  # noqa: E402
+import kernel_calls as calls  # noqa: E402
 
 CALLS = 2000
 ROUNDS = 15
@@ -41,13 +49,15 @@ def main() -> None:
     x = torch.randn(ROWS, COLS, dtype=torch.bfloat16, device="cuda")
     weight = torch.randn(COLS, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(x)
+    rmsnorm = calls.rmsnorm_symbol("bf16")
+    args = calls.arguments(kernels, rmsnorm, out=out, x=x, weight=weight, eps=1e-6, rows=ROWS, cols=COLS)
     a, b = torch.randn(ROWS * COLS, device="cuda"), torch.randn(ROWS * COLS, device="cuda")
     c = torch.empty_like(a)
     cases = {
-        "kernels.rmsnorm_bf16(out, x, w, eps, rows, cols)": (kernels.rmsnorm_bf16, (out, x, weight, 1e-6, ROWS, COLS)),
-        "torch.ops.hk.rmsnorm_bf16(...) (registered op)": (ops.rmsnorm_bf16, (out, x, weight, 1e-6, ROWS, COLS)),
-        "  breakdown: the checks alone (launch_shape)": (kernels.rmsnorm_bf16.launch_shape, (out, x, weight, 1e-6, ROWS, COLS)),
-        "  breakdown: the call with stream= given": (kernels.rmsnorm_bf16, (out, x, weight, 1e-6, ROWS, COLS)),
+        "kernels.rmsnorm_bf16(out, x, w, eps, rows, cols)": (kernels[rmsnorm], args),
+        "torch.ops.hk.rmsnorm_bf16(...) (registered op)": (getattr(ops, rmsnorm), args),
+        "  breakdown: the checks alone (launch_shape)": (kernels[rmsnorm].launch_shape, args),
+        "  breakdown: the call with stream= given": (kernels[rmsnorm], args),
         "torch.add(a, b, out=c)": (torch.add, (a, b)),
         "torch.library.custom_op wrapping torch.add": (add, (a, b, c)),
     }

@@ -17,6 +17,9 @@ spacing (2^-25 for f16); the second term is f32
 accumulation (products of 16-bit values are exact in f32), a generous statistical bound of
 K roundings of partial sums. A negative control (k - 1 passed to the kernel) must fail it.
 
+Every kernel is called with its arguments by name through kernel_calls.py, which puts them in
+the order of the bundle's signature and names the symbols.
+
 usage: gemm_bench.py BUNDLE [--check-only | --bench-only]   (hkload installed, or on PYTHONPATH)
 """
 
@@ -26,8 +29,14 @@ import math
 import statistics
 import sys
 
-import hkload
-import torch
+if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
+    print(__doc__)  # before torch and hkload load: the usage needs neither
+    sys.exit(0)
+
+import hkload  # noqa: E402
+import torch  # noqa: E402
+
+import kernel_calls as calls  # noqa: E402
 
 POISON = -1  # 0xffff.. bits: NaN in bf16, f16 and f32
 
@@ -38,24 +47,10 @@ UNIT = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": 2.0**-24}
 TINY = {"bf16": 2.0**-134, "f16": 2.0**-25, "f32": 2.0**-150}
 
 
-def symbol(layout, ty, bias, out_f32):
-    if layout == "splitk":
-        return f"gemm_a16w16_splitk_nt_{ty}" + ("_bias" if bias else "")
-    return f"gemm_a16w16_{layout}_{ty}" + ("_bias" if bias else "") + ("_out_f32" if out_f32 else "")
-
-
-class Gemm:
-    """The bundle's GEMMs on CUDA device 0, called through hkload."""
-
-    def __init__(self, bundle):
-        self.kernels = hkload.Bundle(bundle).load(torch.device("cuda", 0))
-
-    def launch(self, name, c, a, b, bias, m, n, k, lda, ldb, ldc, batch=None):
-        """c, a, b, bias: tensors whose first element is the matrix's (a view from an offset into
-        a larger buffer is one); batch: (batch, stride_a, stride_b, stride_c) for the batched
-        kernels. For the gated kernels b is W_gate and bias W_up."""
-        args = [c, a, b] + ([bias] if bias is not None else []) + [m, n, k, lda, ldb, ldc]
-        self.kernels.call(name, *args, *(batch or ()))
+def load(bundle):
+    """The bundle's GEMMs on CUDA device 0. Matrices are passed as tensors whose first element
+    is the matrix's (a view from an offset into a larger buffer is one)."""
+    return hkload.Bundle(bundle).load(torch.device("cuda", 0))
 
 
 def check_case(g, layout, ty, bias_on, out_f32, m, n, k, pad=(0, 0, 0), offset=0, control=False):
@@ -85,9 +80,10 @@ def check_case(g, layout, ty, bias_on, out_f32, m, n, k, pad=(0, 0, 0), offset=0
     if split:  # C starts from random values, which the product adds to
         start = torch.rand(m, n, device="cuda") * 8 - 4
         cbuf[guard : guard + m * ldc].view(m, ldc)[:, :n] = start
-    name = symbol("splitk" if split else layout, ty, bias_on, out_f32)
-    g.launch(name, cbuf[guard:], abuf[offset:], bbuf[offset:], bias, m, n, k - 1 if control else k,
-             lda, ldb, ldc)
+    name = calls.gemm_symbol("splitk" if split else layout, ty, bias_on, out_f32)
+    calls.call(g, name, c=cbuf[guard:], a=abuf[offset:], b=bbuf[offset:],
+               **({"bias": bias} if bias_on else {}), m=m, n=n, k=k - 1 if control else k,
+               lda=lda, ldb=ldb, ldc=ldc)
     torch.cuda.synchronize()
     a64, b64 = a.double(), bm.double()
     bk = b64.t() if layout == "nt" else b64  # [k, n]
@@ -120,9 +116,9 @@ def check_batched(g, layout, ty, m, n, k, batch, shared_b):
     b = (torch.rand(1 if shared_b else batch, *bshape, device="cuda") * 2 - 1).to(dt)
     guard = 1024
     cbuf = torch.full((guard + batch * m * n + guard,), POISON, device="cuda", dtype=torch.int16).view(dt)
-    name = f"batched_gemm_a16w16_{layout}_{ty}"
-    g.launch(name, cbuf[guard:], a, b, None, m, n, k, k, k if layout == "nt" else n, n,
-             (batch, m * k, 0 if shared_b else n * k, m * n))
+    name = calls.batched_gemm_symbol(layout, ty)
+    calls.call(g, name, c=cbuf[guard:], a=a, b=b, **calls.dense(m, n, k, layout), batch=batch,
+               stride_a=m * k, stride_b=0 if shared_b else n * k, stride_c=m * n)
     torch.cuda.synchronize()
     bk = b.double().transpose(1, 2) if layout == "nt" else b.double()
     ref = a.double() @ bk
@@ -148,8 +144,8 @@ def check_gated(g, act, ty, m, n, k):
     wu = (torch.rand(n, k, device="cuda") * 2 - 1).to(dt)
     guard = 1024
     cbuf = torch.full((guard + m * n + guard,), POISON, device="cuda", dtype=torch.int16).view(dt)
-    name = f"gemm_a16w16_gated_{act}_{ty}"
-    g.launch(name, cbuf[guard:], a, wg, wu, m, n, k, k, k, n)
+    name = calls.gated_gemm_symbol(act, ty)
+    calls.call(g, name, c=cbuf[guard:], a=a, w_gate=wg, w_up=wu, **calls.dense(m, n, k))
     torch.cuda.synchronize()
     a64 = a.double()
     gate, up = a64 @ wg.double().t(), a64 @ wu.double().t()
@@ -262,7 +258,7 @@ def run_bench(g):
     # Square, odd (m and n prime-ish, so no block or store pair is whole at the edges), and
     # Llama-3's linear layers at decode (1, 16), batched decode (64-256) and prefill sizes.
     shapes = [(4096, 4096, 4096), (8192, 8192, 8192), (3001, 5003, 4096), (1021, 4093, 4096)]
-    for n, k in [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]:
+    for n, k in calls.LLAMA3_LINEAR:
         for m in (1, 16, 64, 128, 256, 2048, 8192):
             shapes.append((m, n, k))
     print("ours: gemm_a16w16_nt_bf16 (bf16 out); split K: gemm_a16w16_splitk_nt_bf16 into f32, timed with the zeroing of C;")
@@ -277,10 +273,13 @@ def run_bench(g):
         w = [(torch.rand(n, k, device="cuda") * 2 - 1).to(torch.bfloat16) for _ in range(copies)]
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         it = [0]
+        name = calls.gemm_symbol("nt", "bf16")
+        # Each copy's arguments in the kernel's order, made once: the timed calls only launch.
+        args = [calls.arguments(g, name, c=c, a=a[i], b=w[i], **calls.dense(m, n, k)) for i in range(copies)]
 
         def ours():
             i = it[0] = (it[0] + 1) % copies
-            g.launch("gemm_a16w16_nt_bf16", c, a[i], w[i], None, m, n, k, k, k, n)
+            g.call(name, *args[i])
 
         def theirs():
             i = it[0] = (it[0] + 1) % copies
@@ -290,11 +289,16 @@ def run_bench(g):
         t_split = None
         if m <= 256:
             c32 = torch.empty(m, n, device="cuda", dtype=torch.float32)
+            split_name = calls.gemm_symbol("splitk", "bf16")
+            split_args = [
+                calls.arguments(g, split_name, c=c32, a=a[i], b=w[i], **calls.dense(m, n, k))
+                for i in range(copies)
+            ]
 
             def split():
                 i = it[0] = (it[0] + 1) % copies
                 c32.zero_()
-                g.launch("gemm_a16w16_splitk_nt_bf16", c32, a[i], w[i], None, m, n, k, k, k, n)
+                g.call(split_name, *split_args[i])
 
             t_split = bench_ms(split)
         t_theirs = bench_ms(theirs)
@@ -316,7 +320,9 @@ def run_bench(g):
         wg = (torch.rand(n, k, device="cuda") * 2 - 1).to(torch.bfloat16)
         wu = (torch.rand(n, k, device="cuda") * 2 - 1).to(torch.bfloat16)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        t_ours = bench_ms(lambda: g.launch("gemm_a16w16_gated_silu_bf16", c, a, wg, wu, m, n, k, k, k, n))
+        name = calls.gated_gemm_symbol("silu", "bf16")
+        args = calls.arguments(g, name, c=c, a=a, w_gate=wg, w_up=wu, **calls.dense(m, n, k))
+        t_ours = bench_ms(lambda: g.call(name, *args))
         t_theirs = bench_ms(lambda: torch.nn.functional.silu(a @ wg.t()) * (a @ wu.t()))
         flop = 4.0 * m * n * k
         print(f"{m:>5} {n:>6} {k:>6}  ours {t_ours:.4f} ms {flop / t_ours / 1e9:6.1f} TF/s   torch {t_theirs:.4f} ms {flop / t_theirs / 1e9:6.1f} TF/s   ratio {t_theirs / t_ours:.2f}", flush=True)
@@ -324,10 +330,12 @@ def run_bench(g):
 
 
 def main():
+    if len(sys.argv) not in (2, 3) or sys.argv[1].startswith("-"):
+        sys.exit(__doc__)
     bundle = sys.argv[1]
     mode = sys.argv[2] if len(sys.argv) > 2 else ""
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "hkload", bundle)
-    g = Gemm(bundle)
+    g = load(bundle)
     ok = True
     if mode != "--bench-only":
         ok = run_checks(g)

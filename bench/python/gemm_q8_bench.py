@@ -25,6 +25,9 @@ ref in float64 from the same quantized values and scales. Every C is checked at 
 2048 (the f64 product at M = 8192 is slow; those are timed only); so is torch._scaled_mm's C,
 shown beside ours and not judged (it is the peer, not under test).
 
+Every kernel is called with its arguments by name through kernel_calls.py, which puts them in
+the order of the bundle's signature and names the symbols.
+
 usage: gemm_q8_bench.py BUNDLE   (hkload installed, or on PYTHONPATH)
 """
 
@@ -32,10 +35,16 @@ from __future__ import annotations
 
 import sys
 
-import hkload
-import torch
+if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
+    print(__doc__)  # before torch and hkload load: the usage needs neither
+    sys.exit(0)
 
-SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
+import hkload  # noqa: E402
+import torch  # noqa: E402
+
+import kernel_calls as calls  # noqa: E402
+
+SHAPES = calls.LLAMA3_LINEAR
 MS = [16, 64, 128, 256, 2048, 8192]
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
@@ -100,7 +109,7 @@ def check(got, a, b, sa, sb):
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
         print(__doc__, file=sys.stderr)
         return 2
     kernels = hkload.Bundle(sys.argv[1]).load(torch.device("cuda", 0))
@@ -116,44 +125,45 @@ def main() -> int:
             for n, k in SHAPES:
                 x = torch.randn(m, k, device="cuda")
                 w = torch.randn(n, k, device="cuda")
+                split = False  # the split-K form adds to an f32 C
                 if kind == "a16w8":
                     a = x.to(torch.bfloat16)
                     b, b_scale, weight_scale = quantize_blocks(w)
                     # The dequantized weight is exact in f64; the sums' scales are then 1.
                     sa, sb = torch.ones(m, device="cuda"), torch.ones(n, device="cuda")
-                    decode = m <= 16
-                    name = f"gemm_a16w8_blockscale{'_splitk' if decode else ''}_e4m3fn_nt_{'f32' if decode else 'bf16'}"
+                    split = m <= 16
+                    name = calls.a16w8_gemm_symbol(split)
+                    scales = {"b_scale": b_scale}
                 elif kind == "fp8 block":
                     a, a_groups, a_each = quantize_groups(x)
                     b, b_blocks, b_each = quantize_blocks(w)
                     # Dequantized values are exact in f64; the sums' scales are then 1.
                     sa, sb = torch.ones(m, device="cuda"), torch.ones(n, device="cuda")
-                    name = "gemm_fp8_blockscale_e4m3fn_nt_bf16"
+                    name = calls.fp8_gemm_symbol("block")
+                    scales = {"a_scale": a_groups, "b_scale": b_blocks}
                 elif kind == "int8":
                     a, sa = quantize(x, torch.int8, 127.0)
                     b, sb = quantize(w, torch.int8, 127.0)
-                    name = "gemm_a8w8_nt_bf16"
+                    name = calls.a8w8_gemm_symbol()
                 elif kind == "fp8 token":
                     a, sa = quantize(x, FP8, FP8_MAX)
                     b, sb = quantize(w, FP8, FP8_MAX)
-                    name = "gemm_fp8_e4m3fn_nt_per_token_bf16"
+                    name = calls.fp8_gemm_symbol("per_token")
                 else:
                     ta, tb = x.abs().max() / FP8_MAX, w.abs().max() / FP8_MAX
                     a, b = (x / ta).to(FP8), (w / tb).to(FP8)
                     sa, sb = ta.reshape(1).float(), tb.reshape(1).float()
-                    name = "gemm_fp8_e4m3fn_nt_per_tensor_bf16"
-                split = name.endswith("_f32")  # adds to C
+                    name = calls.fp8_gemm_symbol("per_tensor")
+                if kind not in ("a16w8", "fp8 block"):
+                    scales = {"a_scale": sa, "b_scale": sb}
                 c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32 if split else torch.bfloat16)
+                # The arguments in the kernel's order, made once: the timed calls only launch.
+                args = calls.arguments(kernels, name, c=c, a=a, b=b, **scales, **calls.dense(m, n, k))
 
                 def ours():
                     if split:
                         c.zero_()
-                    if kind == "a16w8":
-                        kernels.call(name, c, a, b, b_scale, m, n, k, k, k, n)
-                    elif kind == "fp8 block":
-                        kernels.call(name, c, a, b, a_groups, b_blocks, m, n, k, k, k, n)
-                    else:
-                        kernels.call(name, c, a, b, sa, sb, m, n, k, k, k, n)
+                    kernels.call(name, *args)
 
                 if kind == "a16w8":
                     dequantized = (b.float() * weight_scale).to(torch.bfloat16)

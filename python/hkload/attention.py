@@ -58,6 +58,21 @@ def span(x: torch.Tensor) -> torch.Tensor:
     return torch.as_strided(x, (n,), (1,), x.storage_offset())
 
 
+def call_forward(kernels, o, lse, q, k, v, cu_q, cu_k, max_q, scale, softcap=0.0, causal=False, left=-1, right=-1):
+    """One ``attn_fwd_*`` launch: O into ``o [total_q, heads_q, d_v]`` and the log-sum-exp into
+    ``lse [heads_q, total_q]`` (any row strides, as for q, k and v, whose heads each token row
+    must hold side by side), for the packed sequences ``cu_q``/``cu_k`` delimit. The call the
+    op's forward makes, for callers that bring their own outputs (a benchmark writing O into a
+    poisoned buffer)."""
+    (tq, hq, d), (tk, hkv, dv) = q.shape, v.shape
+    kernels.call(
+        f"attn_fwd_{suffix(d, dv, q.dtype)}", span(o), lse, span(q), span(k), span(v),
+        cu_q, cu_k, cu_q.numel() - 1, tq, tk, max(max_q, 1), hq, hkv,
+        q.stride(0), k.stride(0), v.stride(0), o.stride(0), lse.stride(0),
+        scale, softcap, int(causal), left, right,
+    )
+
+
 def define(library: torch.library.Library, namespace: str, kernels) -> bool:
     """Defines ``attention`` and its backward in ``library`` over ``kernels``; False (nothing
     defined) when the bundle has no attention kernels for this device."""
@@ -67,16 +82,11 @@ def define(library: torch.library.Library, namespace: str, kernels) -> bool:
 
     def forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, softcap=0.0, causal=False, left=-1, right=-1):
         q, k, v = rows(q), rows(k), rows(v)
-        (tq, hq, d), (tk, hkv, dv) = q.shape, v.shape
+        (tq, hq, _), (tk, _, dv) = q.shape, v.shape
         o = q.new_zeros(tq, hq, dv)
         lse = q.new_full((hq, tq), float("-inf"), dtype=torch.float32)
         if tq and tk:
-            kernels.call(
-                f"attn_fwd_{suffix(d, dv, q.dtype)}", span(o), lse, span(q), span(k), span(v),
-                cu_q, cu_k, cu_q.numel() - 1, tq, tk, max(max_q, 1), hq, hkv,
-                q.stride(0), k.stride(0), v.stride(0), o.stride(0), lse.stride(0),
-                scale, softcap, int(causal), left, right,
-            )
+            call_forward(kernels, o, lse, q, k, v, cu_q, cu_k, max_q, scale, softcap, causal, left, right)
         return o, lse
 
     def backward(grad_o, grad_lse, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, scale, softcap, causal, left, right):
