@@ -366,7 +366,7 @@ impl Serialize for Expr {
 impl<'de> Deserialize<'de> for Expr {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         if deserializer.is_human_readable() {
-            crate::text::deserialize(deserializer)
+            super::from_text(deserializer)
         } else {
             let _level = Level::enter().map_err(serde::de::Error::custom)?;
             Tree::deserialize(deserializer)

@@ -30,6 +30,7 @@
 //! [`Program`] at every call.
 
 mod expr;
+#[cfg(feature = "toml")]
 mod parse;
 mod program;
 
@@ -39,6 +40,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::abi::{Param, ParamType};
 pub use expr::{BinaryOp, Expr, Function, MAX_DEPTH};
+#[cfg(feature = "toml")]
 pub use parse::SyntaxError;
 pub use program::{EvalError, Facts, MAX_LETS, MAX_PARAMS, Program, Run};
 
@@ -164,6 +166,7 @@ impl fmt::Display for Binding {
     }
 }
 
+#[cfg(feature = "toml")]
 impl std::str::FromStr for Binding {
     type Err = SyntaxError;
 
@@ -215,12 +218,31 @@ impl Serialize for Binding {
 impl<'de> Deserialize<'de> for Binding {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         if deserializer.is_human_readable() {
-            crate::text::deserialize(deserializer)
+            from_text(deserializer)
         } else {
             let (name, value) = <(String, Expr)>::deserialize(deserializer)?;
             Ok(Self { name, value })
         }
     }
+}
+
+/// A contract's text, where a human-readable form (the ABI files' TOML) holds it: parsed with
+/// the `toml` feature, which a runtime reading the index (which holds trees) does without.
+#[cfg(feature = "toml")]
+fn from_text<'de, T, D>(deserializer: D) -> Result<T, D::Error>
+where
+    T: std::str::FromStr,
+    T::Err: fmt::Display,
+    D: Deserializer<'de>,
+{
+    crate::text::deserialize(deserializer)
+}
+
+#[cfg(not(feature = "toml"))]
+fn from_text<'de, T, D: Deserializer<'de>>(_deserializer: D) -> Result<T, D::Error> {
+    Err(serde::de::Error::custom(
+        "a contract written as text needs hk-format's `toml` feature (its parser)",
+    ))
 }
 
 /// What a parameter is, for messages about names.
