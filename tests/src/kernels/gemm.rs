@@ -24,7 +24,7 @@
 //! to that absolute step, not to `u` relative). Products of 16-bit
 //! values are exact in f32, so the second term is the f32 accumulation alone: a generous
 //! statistical bound on K roundings of partial sums, which is still 10 to 1000 times smaller
-//! than the error of dropping one k term (the device check in `scripts/gemm_bench.py` shows a
+//! than the error of dropping one k term (the device check in `bench/python/gemm_bench.py` shows a
 //! kernel run with `k - 1` failing it).
 //!
 //! Inputs are exactly the contract's extents (`(m - 1) · lda + k` elements of A, and so on),
