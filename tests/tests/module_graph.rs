@@ -21,9 +21,13 @@
 //! then each module can be read, tested and split on top of the ones it uses. Paths into other
 //! crates (`hkload::…` from hkpack) are no edges: cargo already forbids cycles between crates.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+
+use common::workspace;
 
 /// Cycles that moves alone could not remove: the crate root (as [`Root::label`] names it) and
 /// the sorted set of the sibling modules in the cycle. Every one needs a comment saying why it
@@ -37,116 +41,6 @@ struct SourceFile {
     module: ModulePath,
     path: PathBuf,
     text: String,
-}
-
-/// The workspace folder (hk-tests is its member `tests`).
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("hk-tests lives in a folder of the workspace")
-        .to_owned()
-}
-
-/// A TOML text's lines with their comments cut off, each with the table it is in (`package`,
-/// `workspace`; `[[bin]]` as `[bin]`). Enough TOML for the workspace's manifests: table headers
-/// on lines of their own, strings without escaped quotes.
-fn toml_lines(text: &str) -> Vec<(String, String)> {
-    let mut table = String::new();
-    let mut lines = Vec::new();
-    for line in text.lines() {
-        let mut in_string = false;
-        let end = line
-            .char_indices()
-            .find(|&(_, c)| {
-                in_string ^= c == '"';
-                c == '#' && !in_string
-            })
-            .map_or(line.len(), |(i, _)| i);
-        let line = line[..end].trim();
-        if let Some(header) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            table = header.trim().to_owned();
-        } else if !line.is_empty() {
-            lines.push((table.clone(), line.to_owned()));
-        }
-    }
-    lines
-}
-
-/// The strings of `key = …` in `[table]`: the one string of a string value, each string of an
-/// array (which may span lines).
-fn toml_strings(text: &str, table: &str, key: &str) -> Option<Vec<String>> {
-    let lines = toml_lines(text);
-    let start = lines.iter().position(|(t, line)| {
-        t == table
-            && line
-                .strip_prefix(key)
-                .is_some_and(|rest| rest.trim_start().starts_with('='))
-    })?;
-    let mut value = String::new();
-    for (_, line) in &lines[start..] {
-        value.push_str(line);
-        value.push('\n');
-        let opened = value.matches('[').count();
-        if opened == value.matches(']').count() {
-            break;
-        }
-    }
-    let value = &value[value.find('=')? + 1..];
-    Some(
-        value
-            .split('"')
-            .skip(1)
-            .step_by(2)
-            .map(str::to_owned)
-            .collect(),
-    )
-}
-
-/// One member of the workspace.
-struct Member {
-    /// Its folder, relative to the workspace root (`hkload`, `python`).
-    dir: PathBuf,
-    /// Its package name (`hkload-python`).
-    name: String,
-}
-
-/// The workspace's members, from the root `Cargo.toml` as it is now. A member `dir/*` stands
-/// for every folder of `dir` with a `Cargo.toml`, less those `exclude` names.
-fn workspace_members(root: &Path) -> Vec<Member> {
-    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
-    let members = toml_strings(&manifest, "workspace", "members")
-        .expect("the root Cargo.toml lists the workspace's members");
-    let exclude = toml_strings(&manifest, "workspace", "exclude").unwrap_or_default();
-    let mut dirs = Vec::new();
-    for member in members {
-        if let Some(parent) = member.strip_suffix("/*") {
-            let mut found: Vec<PathBuf> = std::fs::read_dir(root.join(parent))
-                .unwrap()
-                .map(|e| Path::new(parent).join(e.unwrap().file_name()))
-                .filter(|d| root.join(d).join("Cargo.toml").is_file())
-                .filter(|d| !exclude.iter().any(|x| Path::new(x) == d))
-                .collect();
-            found.sort();
-            dirs.extend(found);
-        } else {
-            assert!(
-                !member.contains(['*', '?', '[']),
-                "workspace member `{member}`: this test reads only plain folders and `dir/*`"
-            );
-            dirs.push(PathBuf::from(member));
-        }
-    }
-    dirs.into_iter()
-        .map(|dir| {
-            let path = root.join(&dir).join("Cargo.toml");
-            let text = std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let name = toml_strings(&text, "package", "name")
-                .and_then(|names| names.into_iter().next())
-                .unwrap_or_else(|| panic!("{} names no package", path.display()));
-            Member { dir, name }
-        })
-        .collect()
 }
 
 /// Every `.rs` file under `dir`, by its path relative to `dir` (`/`-separated), with its text.
@@ -307,11 +201,11 @@ struct Scan {
 }
 
 fn scan_workspace() -> Scan {
-    let workspace = workspace_root();
+    let workspace = common::repo();
     let mut roots = Vec::new();
     let mut unreadable = Vec::new();
     let mut unreached_files = Vec::new();
-    for member in workspace_members(&workspace) {
+    for member in workspace::members(&workspace) {
         let src = member.dir.join("src");
         let files = rust_files(&workspace.join(&src));
         let mut unreached: BTreeSet<&String> = files.keys().collect();
@@ -924,7 +818,7 @@ fn modules_import_each_other_without_cycles() {
 
 #[test]
 fn every_member_and_root_is_read() {
-    let members = workspace_members(&workspace_root());
+    let members = workspace::members(&common::repo());
     let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
     for name in ["hkload", "hkpack", "hkload-python", "hk-tests"] {
         assert!(names.contains(&name), "{name} missing from {names:?}");
@@ -950,37 +844,6 @@ fn every_src_file_is_a_module_of_a_root() {
         "files under src/ that the test did not check:\n  {}",
         scan.unreached.join("\n  ")
     );
-}
-
-#[test]
-fn the_manifest_reader_finds_members_and_names() {
-    let text = r#"
-[workspace]
-resolver = "3"
-members = [
-    "a", # the first
-    "b/*",
-]
-exclude = ["fuzz"]
-
-[package]
-name = "x-y" # comment with "quotes"
-description = "has a # inside"
-"#;
-    assert_eq!(
-        toml_strings(text, "workspace", "members").unwrap(),
-        ["a", "b/*"]
-    );
-    assert_eq!(
-        toml_strings(text, "workspace", "exclude").unwrap(),
-        ["fuzz"]
-    );
-    assert_eq!(toml_strings(text, "package", "name").unwrap(), ["x-y"]);
-    assert_eq!(
-        toml_strings(text, "package", "description").unwrap(),
-        ["has a # inside"]
-    );
-    assert_eq!(toml_strings(text, "workspace", "name"), None);
 }
 
 #[test]

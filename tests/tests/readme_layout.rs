@@ -14,16 +14,12 @@
 //!   a folder named before it in the same entry; and each file name (`main.rs`, `mfma.h`),
 //!   somewhere under its entry's folder.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-/// The workspace folder, which is the repository's (hk-tests is its member `tests`).
-fn repository() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("hk-tests lives in a folder of the workspace")
-        .to_owned()
-}
+use std::path::Path;
+
+use common::workspace;
+use std::process::Command;
 
 /// The lines of the fenced block of the "## Layout" section of README.md, each with its line
 /// number in README.md.
@@ -115,86 +111,6 @@ fn file_under(folder: &Path, name: &str) -> bool {
     })
 }
 
-/// The strings of `key = …` in `[table]` of a manifest: the one string of a string value,
-/// each string of an array (which may span lines). Enough TOML for the workspace's manifests.
-fn toml_strings(text: &str, table: &str, key: &str) -> Option<Vec<String>> {
-    let mut current = String::new();
-    let mut value: Option<String> = None;
-    for line in text.lines() {
-        let mut in_string = false;
-        let end = line
-            .char_indices()
-            .find(|&(_, c)| {
-                in_string ^= c == '"';
-                c == '#' && !in_string
-            })
-            .map_or(line.len(), |(i, _)| i);
-        let line = line[..end].trim();
-        if let Some(value) = &mut value {
-            value.push_str(line);
-        } else if let Some(header) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            current = header.trim().to_owned();
-        } else if current == table
-            && let Some(rest) = line.strip_prefix(key)
-            && let Some(rest) = rest.trim_start().strip_prefix('=')
-        {
-            value = Some(rest.to_owned());
-        }
-        if let Some(value) = &value
-            && value.matches('[').count() == value.matches(']').count()
-        {
-            break;
-        }
-    }
-    Some(
-        value?
-            .split('"')
-            .skip(1)
-            .step_by(2)
-            .map(str::to_owned)
-            .collect(),
-    )
-}
-
-/// The workspace's members: folder (relative to the repository) and package name. A member
-/// `dir/*` stands for every folder of `dir` with a `Cargo.toml`, less those `exclude` names.
-fn workspace_members(root: &Path) -> Vec<(String, String)> {
-    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
-    let members = toml_strings(&manifest, "workspace", "members")
-        .expect("the root Cargo.toml lists the workspace's members");
-    let exclude = toml_strings(&manifest, "workspace", "exclude").unwrap_or_default();
-    let mut dirs = Vec::new();
-    for member in members {
-        if let Some(parent) = member.strip_suffix("/*") {
-            let mut found: Vec<String> = std::fs::read_dir(root.join(parent))
-                .unwrap()
-                .map(|e| format!("{parent}/{}", e.unwrap().file_name().to_string_lossy()))
-                .filter(|d| root.join(d).join("Cargo.toml").is_file())
-                .filter(|d| !exclude.contains(d))
-                .collect();
-            found.sort();
-            dirs.extend(found);
-        } else {
-            assert!(
-                !member.contains(['*', '?', '[']),
-                "workspace member `{member}`: this test reads only plain folders and `dir/*`"
-            );
-            dirs.push(member);
-        }
-    }
-    dirs.into_iter()
-        .map(|dir| {
-            let path = root.join(&dir).join("Cargo.toml");
-            let text = std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let name = toml_strings(&text, "package", "name")
-                .and_then(|names| names.into_iter().next())
-                .unwrap_or_else(|| panic!("{} names no package", path.display()));
-            (dir, name)
-        })
-        .collect()
-}
-
 /// The top-level folders of the files git tracks.
 fn tracked_top_level_folders(root: &Path) -> Vec<String> {
     let output = Command::new("git")
@@ -219,7 +135,7 @@ fn tracked_top_level_folders(root: &Path) -> Vec<String> {
 
 #[test]
 fn the_layout_section_matches_the_tree() {
-    let root = repository();
+    let root = common::repo();
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
     let block = layout_block(&readme);
     let entries = entries(&block);
@@ -246,7 +162,8 @@ fn the_layout_section_matches_the_tree() {
         .map(|p| p.trim_end_matches('/').to_owned())
         .chain(entries.iter().map(|e| e.folder.clone()))
         .collect();
-    for (dir, name) in workspace_members(&root) {
+    for workspace::Member { dir, name } in workspace::members(&root) {
+        let dir = dir.to_string_lossy().into_owned();
         if !paths.contains(&dir) {
             problems.push(format!(
                 "the workspace member `{dir}/` ({name}) is not named in the Layout block"

@@ -4,6 +4,7 @@
 #![allow(dead_code)] // Each test binary uses its own subset of these fixtures.
 
 pub mod servers;
+pub mod workspace;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
