@@ -205,7 +205,8 @@ HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, con
 // (hk/tile/flash_wgmma.h): S = Q·Kᵀ, the online softmax, O += P·V. A consumer frees a stage once
 // its P·V product is done, and Q once its last scores are: the producer copies the next query
 // block's Q then, while the consumers finish.
-// The two consumers run unsynchronised, so one's softmax overlaps the other's products.
+// The two consumers take turns to issue their scores (hk::tile::ConsumerTurns), so one's softmax
+// runs while the other's products occupy the tensor cores.
 template <typename T, unsigned kD> struct WgmmaForward {
   static constexpr unsigned kQueries = 128, kConsumers = 2;
   // Keys a block: 128, or 96 at d = 128, whose 64 output sums beside 64 scores a thread spilled
@@ -295,6 +296,8 @@ HK_DEVICE void consume_keys(typename WgmmaForward<T, kD>::Shared& sh, const Head
   const bool pairs = reinterpret_cast<unsigned long long>(o) % 4 == 0 && p.ldo % 2 == 0;
   hk::tile::StageCursor<F::kStages> read;
   unsigned blocks = 0;  // query blocks with keys so far
+  // The consumers take turns to issue their scores, so one's softmax runs under the other's.
+  const hk::tile::ConsumerTurns turns(consumer);
   head.template for_each_query_block<F::kQueries, F::kKeys>([&](int q0, int q1, unsigned kb_first,
                                                                 unsigned kb_last) HK_INLINE {
     const int wq = q0 + W::kRows * consumer;  // the warpgroup's first query
@@ -305,9 +308,11 @@ HK_DEVICE void consume_keys(typename WgmmaForward<T, kD>::Shared& sh, const Head
       for (unsigned kb = kb_first; kb < kb_last; ++kb, read.advance()) {
         sh.ring.full[read.slot].wait(read.phase);
         const typename F::Stage& st = sh.ring.stage[read.slot];
+        turns.wait();
         wgmma::fence();
         w.score(sh.q, W::kRows * consumer, st.k);
         wgmma::commit();
+        turns.pass();
         wgmma::wait<0>();
         wgmma::pin(w.s);
         if (leader && kb + 1 == kb_last) sh.q_empty.arrive();
@@ -335,6 +340,7 @@ HK_DEVICE void consume_keys(typename WgmmaForward<T, kD>::Shared& sh, const Head
         lse[static_cast<unsigned long long>(head.h) * p.ld_lse + head.qs.first + qi] = row_lse[slot];
     }
   });
+  turns.finish();
 }
 
 template <typename T, unsigned kD>
