@@ -21,12 +21,15 @@
 // -inf) are never read (every score of theirs is masked).
 //
 // Each wave's products are hk/tile/flash.h's RowScores and RowSums, over blocks walked by
-// walk_blocks (cp.async stages on NVIDIA, a register double buffer on AMD).
+// walk_blocks (cp.async stages on NVIDIA, a register double buffer on AMD). On sm_90a, dK and
+// dV at d = 64 are a warp-specialised wgmma program instead (WgmmaDkdv, below).
 //
 // Symbols: attn_bwd_delta_{bf16,f16}; attn_bwd_dq_d{64,128,256}_{bf16,f16} and
 // attn_bwd_dq_d192_dv128_*; attn_bwd_dkdv_* likewise. Launch: manifests/attention_backward.toml.
 #include "hk/hk.h"
 #include "hk/tile/flash.h"
+#include "hk/tile/flash_wgmma.h"
+#include "hk/tile/pipeline.h"
 
 namespace {
 
@@ -246,6 +249,7 @@ template <typename T, unsigned kD, unsigned kDv> struct DkdvShapes {
 // first_block + b % blocks of query head first_head + b / blocks.
 template <class Stage, unsigned kThreads, typename T> struct QueryCopies {
   static constexpr unsigned kD = decltype(Stage::q)::kCols, kDv = decltype(Stage::d_o)::kCols;
+  static constexpr unsigned kRows = decltype(Stage::q)::kRows;
   const T *q, *d_o;
   unsigned ldq, lddo, queries, first_head, first_block, blocks;
   bool vector;
@@ -254,7 +258,7 @@ template <class Stage, unsigned kThreads, typename T> struct QueryCopies {
   unsigned ld_lse;
 
   HK_DEVICE unsigned head(unsigned b) const { return first_head + b / blocks; }
-  HK_DEVICE unsigned row0(unsigned b) const { return (first_block + b % blocks) * kOthers; }
+  HK_DEVICE unsigned row0(unsigned b) const { return (first_block + b % blocks) * kRows; }
   // The LSE (base 2) and delta of query i of block b; 0 past the sequence (masked scores).
   HK_DEVICE float lse2_of(unsigned b, unsigned i) const {
     const unsigned row = row0(b) + i;
@@ -271,7 +275,7 @@ template <class Stage, unsigned kThreads, typename T> struct QueryCopies {
     if constexpr (Stage::kStaged) {
       // Plain stores: the walk's barrier before this stage is read makes them visible.
       const unsigned i = hk::thread_idx_x();
-      if (i < kOthers) {
+      if (i < kRows) {
         to.lse2[i] = lse2_of(b, i);
         to.delta[i] = delta_of(b, i);
       }
@@ -388,6 +392,244 @@ HK_DEVICE void attention_dkdv(T* __restrict__ dk, T* __restrict__ dv, unsigned l
   }
 }
 
+#if HK_SM90A
+// sm_90a, d_qk = d_v = 64: dK and dV on wgmma, warp-specialised on hk/tile/pipeline.h's ring.
+// A block takes 128 keys of one key head; warpgroup 0 produces: it copies the block's K and V
+// once, then, for each query head of the group in turn, the blocks of kQueries queries that see
+// those keys (Q's and dO's rows, with their LSE and delta) through the ring's stages.
+// Warpgroups 1 and 2 consume, 64 keys each (hk/tile/flash_wgmma.h's FlashGradWarpgroup). A
+// consumer's threads free a stage once its dK and dV products over it are done, and K and V
+// once its last scores are: the producer copies the next key block's then, while the consumers
+// finish.
+template <typename T, unsigned kD> struct WgmmaDkdv {
+  static constexpr unsigned kKeys = 128, kConsumers = 2, kQueries = 64;
+  // Three stages of Q and dO, 16 KiB each, beside K's and V's 32 KiB.
+  static constexpr unsigned kStages = 3;
+  static constexpr unsigned kProducerRegisters = 56;
+  using Warpgroup = hk::tile::FlashGradWarpgroup<T, kQueries, kD>;
+  struct Stage : QueryStats<false> {
+    SharedPanels<T, kQueries, kD> q;
+    SharedPanels<T, kQueries, kD> d_o;
+  };
+  using Ring = hk::tile::Ring<Stage, kStages, kConsumers, kProducerRegisters>;
+  struct Shared {
+    SharedPanels<T, kKeys, kD> k, v;
+    Ring ring;
+    // Each stage's queries' LSE (base 2) and delta.
+    float lse2[kStages][kQueries], delta[kStages][kQueries];
+    hk::tile::Mbarrier kv_full, kv_empty;
+  };
+  static constexpr unsigned kThreads = Ring::kThreads;
+  static constexpr unsigned kSharedBytes = sizeof(Shared) + 1024;  // + aligning to 1024
+  // As the forward's producer (kernels/attention.hip): copies stay in flight kStages - 2 blocks.
+  static constexpr unsigned kLag = kStages - 2;
+};
+
+// One key head of one sequence, as both roles of the wgmma program see it.
+template <typename T, unsigned kD> struct KeyHead {
+  using F = WgmmaDkdv<T, kD>;
+  hk::tile::SequenceRows qs, ks;
+  unsigned h, group;  // the key head, and the query heads a key head serves
+  const T *k, *v, *q, *d_o;  // the head's first key and value; the sequence's first query and dO
+  bool vector;               // every row 16-byte aligned (cp.async)
+  hk::tile::Visibility vis;
+
+  HK_DEVICE KeyHead(const T* q_, const T* k_, const T* v_, const T* d_o_, const Params& p)
+      : qs(p.cu_seqlens_q, hk::block_idx_z(), p.total_q),
+        ks(p.cu_seqlens_k, hk::block_idx_z(), p.total_k),
+        h(hk::block_idx_y()),
+        group(p.heads_q / p.heads_kv),
+        k(k_ + static_cast<unsigned long long>(ks.first) * p.ldk + h * kD),
+        v(v_ + static_cast<unsigned long long>(ks.first) * p.ldv + h * kD),
+        q(q_ + static_cast<unsigned long long>(qs.first) * p.ldq),
+        d_o(d_o_ + static_cast<unsigned long long>(qs.first) * p.lddo),
+        vector(hk::aligned16(q, d_o, k, v) && p.ldq % 8 == 0 && p.lddo % 8 == 0 && p.ldk % 8 == 0 &&
+               p.ldv % 8 == 0),
+        vis{static_cast<int>(qs.count), static_cast<int>(ks.count), p.window_left,
+            p.causal ? 0 : p.window_right} {}
+
+  // The block's key blocks of kKeys: f(k0, k1, copies) for keys [k0, k1) and the copies of the
+  // query blocks that see them (copies.blocks of kQueries queries a query head of the group;
+  // none when no query sees them). Blocks along x stride over the sequence's key blocks.
+  template <typename Fn> HK_DEVICE void for_each_key_block(const Params& p, Fn f) const {
+    for (unsigned kb = hk::block_idx_x(); kb * F::kKeys < ks.count; kb += hk::grid_dim_x()) {
+      const int k0 = kb * F::kKeys;
+      const int k1 = k0 + F::kKeys < ks.count ? k0 + F::kKeys : ks.count;
+      const int first = vis.first_query(k0), last = vis.last_query(k1 - 1);
+      const unsigned qb_first = first / F::kQueries;
+      const unsigned blocks = last > first ? (last + F::kQueries - 1) / F::kQueries - qb_first : 0;
+      const QueryCopies<typename F::Stage, hk::tile::kWarpgroupThreads, T> copies{
+          q, d_o, p.ldq, p.lddo, qs.count, h * group, qb_first, blocks, vector,
+          p.lse + qs.first, p.delta + qs.first, p.ld_lse};
+      f(k0, k1, copies);
+    }
+  }
+};
+
+template <typename T, unsigned kD>
+HK_DEVICE void produce_queries(typename WgmmaDkdv<T, kD>::Shared& sh, const KeyHead<T, kD>& head,
+                               const Params& p) {
+  using F = WgmmaDkdv<T, kD>;
+  constexpr unsigned kThreads = hk::tile::kWarpgroupThreads;
+  const unsigned thread = hk::thread_idx_x();
+  hk::tile::StageCursor<F::kStages> write, done;  // the step being copied, the next to publish
+  unsigned steps = 0, key_blocks = 0;  // stages filled, and key blocks with queries, so far
+  head.for_each_key_block(p, [&](int k0, int, const auto& copies) HK_INLINE {
+    const unsigned walked = head.group * copies.blocks;
+    if (walked == 0) return;
+    // The consumers are done with the previous key block's K and V.
+    if (key_blocks > 0) sh.kv_empty.wait((key_blocks - 1) & 1);
+    ++key_blocks;
+    hk::tile::copy_panels<kThreads>(sh.k, head.k, head.ks.count, p.ldk, k0, head.vector);
+    hk::tile::copy_panels<kThreads>(sh.v, head.v, head.ks.count, p.ldv, k0, head.vector);
+    bool kv_copied = false;
+    const auto publish = [&]() HK_INLINE {
+      // K's and V's copies joined the first stage's, so they landed with it.
+      if (!kv_copied) sh.kv_full.arrive();
+      kv_copied = true;
+      sh.ring.full[done.slot].arrive();
+      done.advance();
+    };
+    unsigned in_flight = 0;
+    for (unsigned b = 0; b < walked; ++b, ++steps, write.advance()) {
+      if (steps >= F::kStages) sh.ring.empty[write.slot].wait(write.phase ^ 1);
+      copies.copy(b, sh.ring.stage[write.slot]);
+      if (thread < F::kQueries) {
+        sh.lse2[write.slot][thread] = copies.lse2_of(b, thread);
+        sh.delta[write.slot][thread] = copies.delta_of(b, thread);
+      }
+      if (head.vector) {
+        hk::tile::async_commit();
+        if (++in_flight > F::kLag) {
+          hk::tile::async_wait<F::kLag>();
+          hk::tile::fence_async_shared();
+          publish();
+          --in_flight;
+        }
+      } else {
+        hk::tile::fence_async_shared();
+        publish();
+      }
+    }
+    hk::tile::async_wait<0>();
+    hk::tile::fence_async_shared();
+    for (; in_flight > 0; --in_flight) publish();
+  });
+}
+
+template <typename T, unsigned kD>
+HK_DEVICE void consume_queries(typename WgmmaDkdv<T, kD>::Shared& sh, const KeyHead<T, kD>& head,
+                               T* __restrict__ dk, T* __restrict__ dv, unsigned lddk, unsigned lddv,
+                               const Params& p, unsigned consumer) {
+  using F = WgmmaDkdv<T, kD>;
+  using W = typename F::Warpgroup;
+  namespace wgmma = hk::tile::wgmma;
+  const bool leader = hk::thread_idx_x() % hk::tile::kWarpgroupThreads == 0;
+  const bool pairs = reinterpret_cast<unsigned long long>(dk) % 4 == 0 &&
+                     reinterpret_cast<unsigned long long>(dv) % 4 == 0 && lddk % 2 == 0 &&
+                     lddv % 2 == 0;
+  const Logits logits(p);
+  hk::tile::StageCursor<F::kStages> read;
+  unsigned key_blocks = 0;  // key blocks with queries so far
+  head.for_each_key_block(p, [&](int k0, int k1, const auto& copies) HK_INLINE {
+    const int wk = k0 + W::kRows * consumer;  // the warpgroup's first key
+    const unsigned walked = head.group * copies.blocks;
+    W w;
+    w.start();
+    if (walked > 0) {
+      // Each own key's visible queries [lo, hi); none for keys past the sequence.
+      int lo[W::kSlots], hi[W::kSlots];
+#pragma unroll
+      for (unsigned slot = 0; slot < W::kSlots; ++slot) {
+        const int key = wk + static_cast<int>(W::row(slot));
+        lo[slot] = key < k1 ? head.vis.first_query(key) : 0;
+        hi[slot] = key < k1 ? head.vis.last_query(key) : 0;
+      }
+      sh.kv_full.wait(key_blocks++ & 1);
+      for (unsigned b = 0; b < walked; ++b, read.advance()) {
+        sh.ring.full[read.slot].wait(read.phase);
+        const typename F::Stage& st = sh.ring.stage[read.slot];
+        wgmma::fence();
+        w.scores(sh.k, sh.v, W::kRows * consumer, st.q, st.d_o);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::pin(w.s);
+        wgmma::pin(w.dp);
+        if (leader && b + 1 == walked) sh.kv_empty.arrive();
+        const int q0 = copies.row0(b);
+        const float* lse2 = sh.lse2[read.slot];
+        const float* delta = sh.delta[read.slot];
+        w.map([&](unsigned slot, unsigned qi, float x, float g) HK_INLINE {
+          const int query = q0 + static_cast<int>(qi);
+          const bool hidden = query < lo[slot] || query >= hi[slot];
+          const float pr = hidden ? 0.0f : logits.probability(x, lse2[qi]);
+          if (pr == 0.0f) return typename W::Gradient{0.0f, 0.0f};
+          return typename W::Gradient{pr, pr * (g - delta[qi]) * logits.slope(pr, lse2[qi])};
+        });
+        w.accumulate(st.q, st.d_o);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::pin(w.dk);
+        wgmma::pin(w.dv);
+        // Every thread read the stage's statistics, so every thread frees the stage (a
+        // release of its own reads: one lane's arrival would not order the others').
+        sh.ring.empty[read.slot].arrive();
+      }
+    }
+    const unsigned long long row = head.ks.first + wk;
+    hk::tile::store_accumulator<T, kD>(w.dk, dk + row * lddk + head.h * kD, lddk, k1 - wk, pairs, p.scale);
+    hk::tile::store_accumulator<T, kD>(w.dv, dv + row * lddv + head.h * kD, lddv, k1 - wk, pairs);
+  });
+}
+
+template <typename T, unsigned kD>
+HK_DEVICE void attention_dkdv_wgmma(T* __restrict__ dk, T* __restrict__ dv, unsigned lddk,
+                                    unsigned lddv, const T* __restrict__ q, const T* __restrict__ k,
+                                    const T* __restrict__ v, const T* __restrict__ d_o,
+                                    const Params& p) {
+  using F = WgmmaDkdv<T, kD>;
+  auto& sh = hk::tile::aligned_dynamic_shared<typename F::Shared>();
+  const unsigned thread = hk::thread_idx_x();
+  if (thread == 0) {
+#pragma unroll
+    for (unsigned s = 0; s < F::kStages; ++s) {
+      sh.ring.full[s].init(hk::tile::kWarpgroupThreads);
+      sh.ring.empty[s].init(F::kConsumers * hk::tile::kWarpgroupThreads);
+    }
+    sh.kv_full.init(hk::tile::kWarpgroupThreads);
+    sh.kv_empty.init(F::kConsumers);
+    hk::tile::fence_barrier_init();
+  }
+  hk::block_sync();
+  const KeyHead<T, kD> head(q, k, v, d_o, p);
+  const unsigned role = thread / hk::tile::kWarpgroupThreads;
+  if (role == 0) {
+    hk::tile::as_producer<typename F::Ring>();
+    produce_queries<T, kD>(sh, head, p);
+  } else {
+    hk::tile::as_consumer<typename F::Ring>();
+    consume_queries<T, kD>(sh, head, dk, dv, lddk, lddv, p, role - 1);
+  }
+}
+#endif
+
+// Which dK/dV program a kernel runs, and its block: the wgmma program where it exists (sm_90a,
+// d_qk = d_v = 64), DkdvShapes' elsewhere. (At d = 128 a consumer's dK, dV, Sᵀ and dPᵀ, 192
+// sums a thread, spilled 100 to 190 registers with the producer at 56 or 24 registers.)
+template <typename T, unsigned kD, unsigned kDv> struct DkdvProgram {
+  static constexpr bool kWgmma = HK_SM90A && kD == kDv && kD <= 64;
+#if HK_SM90A
+  using Wgmma = WgmmaDkdv<T, kD>;
+  static constexpr unsigned kThreads = kWgmma ? Wgmma::kThreads : threads(kD);
+  static constexpr unsigned kShared = kWgmma ? Wgmma::kSharedBytes : sizeof(typename DkdvShapes<T, kD, kDv>::Shared);
+  static constexpr unsigned kOwn = kWgmma ? Wgmma::kKeys : DkdvShapes<T, kD, kDv>::kOwn;
+#else
+  static constexpr unsigned kThreads = threads(kD);
+  static constexpr unsigned kShared = sizeof(typename DkdvShapes<T, kD, kDv>::Shared);
+  static constexpr unsigned kOwn = DkdvShapes<T, kD, kDv>::kOwn;
+#endif
+};
+
 }  // namespace
 
 #define HK_ATTN_BWD_DELTA(name, T)                                                            \
@@ -410,9 +652,17 @@ HK_DEVICE void attention_dkdv(T* __restrict__ dk, T* __restrict__ dv, unsigned l
       int window_right
 
 // What manifests/attention_backward.toml's contracts say of each pair, checked here: SHARED,
-// the dynamic shared memory on NVIDIA; ROWS, the block's own rows (its block_rows); PARTS, the
-// column parts grid y counts per head.
-#define HK_ATTN_BWD(suffix, T, D, DV, DQ_SHARED, DKDV_SHARED, ROWS, DQ_PARTS, DKDV_PARTS)                                   \
+// the dynamic shared memory on NVIDIA (DKDV_SHARED_90A that of the sm_90a wgmma program, where
+// it runs); ROWS, the block's own rows (its block_rows; the wgmma program's 128 keys); PARTS,
+// the column parts grid y counts per head.
+#if HK_SM90A
+#define HK_ATTN_DKDV_BOUNDS(T, D, DV) HK_LAUNCH_BOUNDS_MIN_BLOCKS((DkdvProgram<T, D, DV>::kThreads), 1)
+#define HK_ATTN_DKDV_WGMMA(T, D) attention_dkdv_wgmma<T, D>(dk, dv, lddk, lddv, q, k, v, d_o, HK_PARAMS)
+#else
+#define HK_ATTN_DKDV_BOUNDS(T, D, DV) HK_LAUNCH_BOUNDS(threads(D))
+#define HK_ATTN_DKDV_WGMMA(T, D) (void)0
+#endif
+#define HK_ATTN_BWD(suffix, T, D, DV, DQ_SHARED, DKDV_SHARED, DKDV_SHARED_90A, ROWS, DQ_PARTS, DKDV_PARTS) \
   HK_KERNEL HK_LAUNCH_BOUNDS(threads(D)) void attn_bwd_dq_##suffix(                              \
       T* dq, const T* q, const T* k, const T* v, const T* d_o, unsigned lddq, HK_COMMON_ARGS) { \
     static_assert(HK_AMD || sizeof(DqShapes<T, D, DV>::Shared) <= DQ_SHARED,                  \
@@ -423,25 +673,31 @@ HK_DEVICE void attention_dkdv(T* __restrict__ dk, T* __restrict__ dv, unsigned l
     (void)max_seqlen;                                                                          \
     attention_dq<T, D, DV>(dq, lddq, q, k, v, d_o, HK_PARAMS);                                 \
   }                                                                                            \
-  HK_KERNEL HK_LAUNCH_BOUNDS(threads(D)) void attn_bwd_dkdv_##suffix(                            \
+  HK_KERNEL HK_ATTN_DKDV_BOUNDS(T, D, DV) void attn_bwd_dkdv_##suffix(                           \
       T* dk, T* dv, const T* q, const T* k, const T* v, const T* d_o, unsigned lddk,           \
       unsigned lddv, HK_COMMON_ARGS) {                                                         \
-    static_assert(HK_AMD || sizeof(DkdvShapes<T, D, DV>::Shared) <= DKDV_SHARED,              \
-                  "manifests/attention_backward.toml gives less shared memory than this uses"); \
-    static_assert(DkdvShapes<T, D, DV>::kOwn == (ROWS) && DkdvShapes<T, D, DV>::kParts == (DKDV_PARTS), \
+    using Program = DkdvProgram<T, D, DV>;                                                     \
+    static_assert(HK_AMD || (Program::kWgmma ? Program::kShared == DKDV_SHARED_90A             \
+                                             : Program::kShared <= DKDV_SHARED),               \
+                  "manifests/attention_backward.toml gives other shared memory than this uses"); \
+    static_assert(Program::kOwn == (Program::kWgmma ? 128 : (ROWS)) &&                         \
+                      DkdvShapes<T, D, DV>::kParts == (DKDV_PARTS),                            \
                   "manifests/attention_backward.toml's grid counts other rows or parts");       \
     (void)batch;                                                                               \
     (void)max_seqlen;                                                                          \
-    attention_dkdv<T, D, DV>(dk, dv, lddk, lddv, q, k, v, d_o, HK_PARAMS);                     \
+    if constexpr (Program::kWgmma)                                                             \
+      HK_ATTN_DKDV_WGMMA(T, D);                                                                \
+    else                                                                                       \
+      attention_dkdv<T, D, DV>(dk, dv, lddk, lddv, q, k, v, d_o, HK_PARAMS);                   \
   }
 
 HK_ATTN_BWD_DELTA(attn_bwd_delta_bf16, hk::bf16)
 HK_ATTN_BWD_DELTA(attn_bwd_delta_f16, hk::f16)
-HK_ATTN_BWD(d64_bf16, hk::bf16, 64, 64, 32768, 33280, 64, 1, 1)
-HK_ATTN_BWD(d128_bf16, hk::bf16, 128, 128, 65536, 66048, 64, 1, 1)
-HK_ATTN_BWD(d256_bf16, hk::bf16, 256, 256, 131072, 131584, HK_AMD ? 32 : 64, 2, 4)
-HK_ATTN_BWD(d192_dv128_bf16, hk::bf16, 192, 128, 81920, 82432, 64, 2, 2)
-HK_ATTN_BWD(d64_f16, hk::f16, 64, 64, 32768, 33280, 64, 1, 1)
-HK_ATTN_BWD(d128_f16, hk::f16, 128, 128, 65536, 66048, 64, 1, 1)
-HK_ATTN_BWD(d256_f16, hk::f16, 256, 256, 131072, 131584, HK_AMD ? 32 : 64, 2, 4)
-HK_ATTN_BWD(d192_dv128_f16, hk::f16, 192, 128, 81920, 82432, 64, 2, 2)
+HK_ATTN_BWD(d64_bf16, hk::bf16, 64, 64, 32768, 33280, 84544, 64, 1, 1)
+HK_ATTN_BWD(d128_bf16, hk::bf16, 128, 128, 65536, 66048, 0, 64, 1, 1)
+HK_ATTN_BWD(d256_bf16, hk::bf16, 256, 256, 131072, 131584, 0, HK_AMD ? 32 : 64, 2, 4)
+HK_ATTN_BWD(d192_dv128_bf16, hk::bf16, 192, 128, 81920, 82432, 0, 64, 2, 2)
+HK_ATTN_BWD(d64_f16, hk::f16, 64, 64, 32768, 33280, 84544, 64, 1, 1)
+HK_ATTN_BWD(d128_f16, hk::f16, 128, 128, 65536, 66048, 0, 64, 1, 1)
+HK_ATTN_BWD(d256_f16, hk::f16, 256, 256, 131072, 131584, 0, HK_AMD ? 32 : 64, 2, 4)
+HK_ATTN_BWD(d192_dv128_f16, hk::f16, 192, 128, 81920, 82432, 0, 64, 2, 2)

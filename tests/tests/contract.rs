@@ -1044,8 +1044,15 @@ fn every_attention_backward_requirement_is_enforced_on_both_sides_of_its_boundar
     assert!(unmet(delta(&[("ld_delta", 9)])).contains("ld_delta must be at least total_q"));
 
     // Launches: 64 own rows (4 waves) a block, heads times column parts along y; row strides
-    // wide enough for d = 256.
+    // wide enough for d = 256. On compute capability 9.0 the sm_90a code runs, and dK/dV at
+    // d = 64 is the wgmma program there: three warpgroups, 128 keys a block, K and V beside three
+    // stages of Q and dO (kernels/attention_backward.hip checks the sizes at compile time).
+    let (_, ampere) = simulated("sm_80");
     let values = with(&[
+        ("total_q", 1000),
+        ("total_k", 1000),
+        ("max_seqlen", 300),
+        ("ld_lse", 1000),
         ("ldq", 4 * 256),
         ("ldk", 2 * 256),
         ("ldv", 2 * 256),
@@ -1058,18 +1065,20 @@ fn every_attention_backward_requirement_is_enforced_on_both_sides_of_its_boundar
         (
             "attn_bwd_dq_d192_dv128_bf16",
             &device,
-            ([1, 8, 2], 128, 81920),
+            ([5, 8, 2], 128, 81920),
         ),
         // dK/dV's stages carry their queries' LSE and delta too (256 bytes a stage).
         (
             "attn_bwd_dkdv_d192_dv128_f16",
             &device,
-            ([1, 4, 2], 128, 82432),
+            ([5, 4, 2], 128, 82432),
         ),
-        ("attn_bwd_dkdv_d64_bf16", &device, ([1, 2, 2], 128, 33280)),
-        ("attn_bwd_dkdv_d64_bf16", &amd, ([1, 2, 2], 256, 0)),
-        ("attn_bwd_dkdv_d256_bf16", &device, ([1, 8, 2], 128, 131584)),
-        ("attn_bwd_dq_d256_f16", &amd, ([1, 8, 2], 128, 0)),
+        ("attn_bwd_dkdv_d64_bf16", &device, ([3, 2, 2], 384, 84544)),
+        ("attn_bwd_dkdv_d64_bf16", &ampere, ([5, 2, 2], 128, 33280)),
+        ("attn_bwd_dkdv_d64_bf16", &amd, ([5, 2, 2], 256, 0)),
+        ("attn_bwd_dkdv_d128_f16", &device, ([5, 2, 2], 128, 66048)),
+        ("attn_bwd_dkdv_d256_bf16", &device, ([5, 8, 2], 128, 131584)),
+        ("attn_bwd_dq_d256_f16", &amd, ([10, 8, 2], 128, 0)),
     ] {
         let dims = shape(&bundle, device, symbol, &values, 1 << 22);
         assert_eq!(

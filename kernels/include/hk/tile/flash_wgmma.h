@@ -1,6 +1,7 @@
-// hk/tile/flash_wgmma.h: a consumer warpgroup's share of flash attention on sm_90a (wgmma).
+// hk/tile/flash_wgmma.h: a consumer warpgroup's share of flash attention on sm_90a (wgmma):
+// FlashWarpgroup for the forward pass, FlashGradWarpgroup for the backward pass's dK and dV.
 //
-// The warpgroup owns 64 query rows (Q's shared tile, K-major) and walks blocks of kKeys keys:
+// The forward's warpgroup owns 64 query rows (Q's shared tile, K-major) and walks blocks of kKeys keys:
 //   S = Q·Kᵀ   wgmma m64n{kKeys}k16, both operands from shared memory (K [key][d] is K-major);
 //   softmax    online, in registers, per row (FlashWave's rules, hk/tile/flash.h);
 //   O += P·V   wgmma m64n{kDv}k16 with P from registers and V [key][d] read N-major.
@@ -25,6 +26,77 @@
 #if HK_SM90A
 
 namespace hk::tile {
+
+// The two products of the flash passes, for a warpgroup's 64 rows.
+//
+// acc = A[row0 .. row0 + 64) · B[0 .. kN)ᵀ over kDepth columns, wgmma m64n{kN}k16 with both
+// operands from shared memory: SharedPanels of 64-column panels, K-major (row0 a multiple of 64).
+template <typename T, unsigned kN, unsigned kDepth, class ATile, class BTile>
+HK_DEVICE void multiply_nt(float (&acc)[kN / 2], const ATile& a, unsigned row0, const BTile& b) {
+#pragma unroll
+  for (unsigned d = 0; d < kDepth; d += 16) {
+    const unsigned p = d / 64, c = d % 64;
+    wgmma::mma<T, kN>(acc, wgmma::descriptor(a.panel[p], row0, c), wgmma::descriptor(b.panel[p], 0, c),
+                      d > 0);
+  }
+}
+
+// A 64 x kK matrix in registers as wgmma's A operand: an accumulator of m64n{kK} (row 16w + l/4
+// + 8i, column pairs 8j + 2(l%4) of warp w, lane l) holds, for each 16 columns, exactly the A
+// fragment of one k step, so the operand is the accumulator converted to 16-bit pairs in place.
+template <typename T, unsigned kK> struct RegisterOperand {
+  static_assert(kK % 16 == 0, "whole k steps of 16");
+  unsigned a[kK / 16][4];
+
+  HK_DEVICE explicit RegisterOperand(const float (&acc)[kK / 2]) {
+#pragma unroll
+    for (unsigned k = 0; k < kK / 16; ++k) {
+      const float* p = acc + 8 * k;
+      a[k][0] = pack(p[0], p[1]);
+      a[k][1] = pack(p[2], p[3]);
+      a[k][2] = pack(p[4], p[5]);
+      a[k][3] = pack(p[6], p[7]);
+    }
+  }
+
+  // Two f32 values as the 32-bit register of two T, the lower-indexed in the low half.
+  static HK_DEVICE unsigned pack(float lo, float hi) {
+    struct Two {
+      T lo, hi;
+    };
+    return __builtin_bit_cast(unsigned, Two{static_cast<T>(lo), static_cast<T>(hi)});
+  }
+};
+
+// acc += A · B over kK, A from registers and B SharedPanels [k][n] read N-major (wgmma
+// m64n{kN}k16). The caller fences first (wgmma::fence), after packing every operand it issues:
+// packing between products makes ptxas fence before each one (a warpgroup.arrive per step).
+template <typename T, unsigned kN, unsigned kK, class BTile>
+HK_DEVICE void multiply_rs(float (&acc)[kN / 2], const RegisterOperand<T, kK>& a, const BTile& b) {
+#pragma unroll
+  for (unsigned k = 0; k < kK / 16; ++k)
+    wgmma::mma_rs<T, kN>(acc, a.a[k], wgmma::descriptor_n_major(b, 16 * k), 1);
+}
+
+// Stores rows [0, rows) of a warpgroup's 64 x kN accumulator, times `scale`, into out (row r at
+// out + r * ld), two neighbouring columns as one 4-byte store where `pairs` (out 4-byte
+// aligned, ld even).
+template <typename T, unsigned kN>
+HK_DEVICE void store_accumulator(const float (&acc)[kN / 2], T* out, unsigned long long ld, int rows,
+                                 bool pairs, float scale = 1.0f) {
+#pragma unroll
+  for (unsigned v = 0; v < kN / 2; v += 2) {
+    const int r = wgmma::Layout::row(v);
+    if (r >= rows) continue;
+    T* to = out + r * ld + wgmma::Layout::col(v);
+    if (pairs) {
+      *reinterpret_cast<unsigned*>(to) = RegisterOperand<T, 16>::pack(acc[v] * scale, acc[v + 1] * scale);
+    } else {
+      to[0] = static_cast<T>(acc[v] * scale);
+      to[1] = static_cast<T>(acc[v + 1] * scale);
+    }
+  }
+}
 
 template <typename T, unsigned kKeys_, unsigned kD, unsigned kDv> struct FlashWarpgroup {
   static constexpr unsigned kRows = 64, kKeys = kKeys_, kSlots = 2;
@@ -61,12 +133,7 @@ template <typename T, unsigned kKeys_, unsigned kD, unsigned kDv> struct FlashWa
   // 64-column panels (row0 a multiple of 64).
   template <class QTile, class KTile>
   HK_DEVICE void score(const QTile& q, unsigned row0, const KTile& k) {
-#pragma unroll
-    for (unsigned d = 0; d < kD; d += 16) {
-      const unsigned p = d / 64, c = d % 64;
-      wgmma::mma<T, kKeys>(s, wgmma::descriptor(q.panel[p], row0, c),
-                           wgmma::descriptor(k.panel[p], 0, c), d > 0);
-    }
+    multiply_nt<T, kKeys, kD>(s, q, row0, k);
   }
 
   // Replaces each score x with f(slot, key, x) (key within the block).
@@ -103,22 +170,11 @@ template <typename T, unsigned kKeys_, unsigned kD, unsigned kDv> struct FlashWa
   }
 
   // Issues O += P·V over the block's keys, P from the scores (after softmax()), V SharedPanels
-  // [key][d_v]. P is packed whole before the first product, and the products fenced after it:
-  // packing between products makes ptxas fence before each one (a warpgroup.arrive per step).
+  // [key][d_v].
   template <class VTile> HK_DEVICE void accumulate(const VTile& v) {
-    unsigned a[kKeys / 16][4];
-#pragma unroll
-    for (unsigned k = 0; k < kKeys / 16; ++k) {
-      const float* p = s + 8 * k;
-      a[k][0] = pack(p[0], p[1]);
-      a[k][1] = pack(p[2], p[3]);
-      a[k][2] = pack(p[4], p[5]);
-      a[k][3] = pack(p[6], p[7]);
-    }
+    const RegisterOperand<T, kKeys> p(s);
     wgmma::fence();
-#pragma unroll
-    for (unsigned k = 0; k < kKeys / 16; ++k)
-      wgmma::mma_rs<T, kDv>(o, a[k], wgmma::descriptor_n_major(v, 16 * k), 1);
+    multiply_rs<T, kDv>(o, p, v);
   }
 
   // Ends the walk over the keys: divides O by the sums and gives each slot's log-sum-exp in
@@ -138,27 +194,66 @@ template <typename T, unsigned kKeys_, unsigned kD, unsigned kDv> struct FlashWa
   // Stores O's rows [0, rows) of the block into out (row r at out + r * ld), two neighbouring
   // columns as one 4-byte store where `pairs` (out 4-byte aligned, ld even).
   HK_DEVICE void store(T* out, unsigned long long ld, int rows, bool pairs) const {
+    store_accumulator<T, kDv>(o, out, ld, rows, pairs);
+  }
+};
+
+// The backward pass's dK and dV for 64 keys a warpgroup (K's and V's shared tiles, K-major),
+// walking blocks of kQueries queries (Q's and dO's tiles [query][d]):
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   wgmma m64n{kQueries}k16 from shared memory, issued together;
+//   Pᵀ, dSᵀ                 in registers, from the forward pass's statistics (the caller's map);
+//   dV += Pᵀ·dO, dK += dSᵀ·Q  wgmma m64n{kD}k16, Pᵀ and dSᵀ from registers (RegisterOperand),
+//                           Q and dO read N-major.
+// A thread's rows ("slots" 0 and 1) are keys, its columns queries. The caller orders the
+// products as FlashWarpgroup's does: fence before scores(), commit, wait and pin; accumulate()
+// fences itself.
+template <typename T, unsigned kQueries, unsigned kD> struct FlashGradWarpgroup {
+  static constexpr unsigned kRows = 64, kSlots = 2;
+  float s[kQueries / 2];   // Sᵀ, then Pᵀ
+  float dp[kQueries / 2];  // dPᵀ, then dSᵀ
+  float dk[kD / 2], dv[kD / 2];
+
+  static HK_DEVICE unsigned slot(unsigned v) { return v / 2 % 2; }
+  static HK_DEVICE unsigned row(unsigned slot) {
+    return thread_idx_x() % kWarpgroupThreads / 32 * 16 + lane_id() / 4 + 8 * slot;
+  }
+  static HK_DEVICE unsigned col(unsigned v) { return wgmma::Layout::col(v); }
+
+  HK_DEVICE void start() {
 #pragma unroll
-    for (unsigned v = 0; v < kDv / 2; v += 2) {
-      const int r = row(slot(v));
-      if (r >= rows) continue;
-      T* to = out + r * ld + col(v);
-      if (pairs) {
-        *reinterpret_cast<unsigned*>(to) = pack(o[v], o[v + 1]);
-      } else {
-        to[0] = static_cast<T>(o[v]);
-        to[1] = static_cast<T>(o[v + 1]);
-      }
+    for (unsigned v = 0; v < kD / 2; ++v) dk[v] = dv[v] = 0.0f;
+  }
+
+  // Issues Sᵀ and dPᵀ for the warpgroup's keys [row0, row0 + 64) of k and v against the block's
+  // queries (row0 a multiple of 64).
+  template <class OwnTile, class QueryTile>
+  HK_DEVICE void scores(const OwnTile& k, const OwnTile& v, unsigned row0, const QueryTile& q,
+                        const QueryTile& d_o) {
+    multiply_nt<T, kQueries, kD>(s, k, row0, q);
+    multiply_nt<T, kQueries, kD>(dp, v, row0, d_o);
+  }
+
+  // A score's probability and the gradient of its logit.
+  struct Gradient {
+    float p, ds;
+  };
+  // Replaces each pair (sᵀ, dpᵀ) with the Gradient f(slot, query, sᵀ, dpᵀ) (query within the
+  // block).
+  template <typename F> HK_DEVICE void map(F f) {
+#pragma unroll
+    for (unsigned v = 0; v < kQueries / 2; ++v) {
+      const Gradient g = f(slot(v), col(v), s[v], dp[v]);
+      s[v] = g.p;
+      dp[v] = g.ds;
     }
   }
 
- private:
-  // Two f32 values as the 32-bit register of two T, the lower-indexed in the low half.
-  static HK_DEVICE unsigned pack(float lo, float hi) {
-    struct Two {
-      T lo, hi;
-    };
-    return __builtin_bit_cast(unsigned, Two{static_cast<T>(lo), static_cast<T>(hi)});
+  // Issues dV += Pᵀ·dO and dK += dSᵀ·Q over the block's queries.
+  template <class QueryTile> HK_DEVICE void accumulate(const QueryTile& q, const QueryTile& d_o) {
+    const RegisterOperand<T, kQueries> p(s), ds(dp);
+    wgmma::fence();
+    multiply_rs<T, kD>(dv, p, d_o);
+    multiply_rs<T, kD>(dk, ds, q);
   }
 };
 
