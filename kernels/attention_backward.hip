@@ -21,8 +21,9 @@
 // -inf) are never read (every score of theirs is masked).
 //
 // Each wave's products are hk/tile/flash.h's RowScores and RowSums, over blocks walked by
-// walk_blocks (cp.async stages on NVIDIA, a register double buffer on AMD). On sm_90a, dK and
-// dV at d = 64 are a warp-specialised wgmma program instead (WgmmaDkdv, below).
+// walk_blocks (cp.async stages on NVIDIA, a register double buffer on AMD). On sm_90a, dQ at
+// d = 128 and dK, dV at d = 64 are warp-specialised wgmma programs instead (WgmmaDq and
+// WgmmaDkdv, below).
 //
 // Symbols: attn_bwd_delta_{bf16,f16}; attn_bwd_dq_d{64,128,256}_{bf16,f16} and
 // attn_bwd_dq_d192_dv128_*; attn_bwd_dkdv_* likewise. Launch: manifests/attention_backward.toml.
@@ -393,11 +394,215 @@ HK_DEVICE void attention_dkdv(T* __restrict__ dk, T* __restrict__ dv, unsigned l
 }
 
 #if HK_SM90A
+// sm_90a, d_qk = d_v = 128: dQ on wgmma, warp-specialised on hk/tile/pipeline.h's ring, as the
+// forward's program (kernels/attention.hip) with dO beside Q and V beside K. A block takes 128
+// queries of one head; warpgroup 0 produces: it copies the block's Q and dO once, then the
+// blocks of kKeys keys they see (K's and V's rows) through the ring's stages. Warpgroups 1 and 2
+// consume, 64 queries each (hk/tile/flash_wgmma.h's FlashQueryGrads), their LSE and delta in
+// registers. A consumer frees a stage once its dQ product over it is done, and Q and dO once its
+// last scores are.
+template <typename T, unsigned kD> struct WgmmaDq {
+  static constexpr unsigned kQueries = 128, kConsumers = 2, kKeys = 64;
+  // Three stages of K and V: 32 KiB each at d = 128, beside Q's and dO's 64 KiB.
+  static constexpr unsigned kStages = 3;
+  // As the forward's producer: at 56 registers dQ at d = 128 spilled (88 leaves the consumers
+  // 208).
+  static constexpr unsigned kProducerRegisters = 88;
+  using Warpgroup = hk::tile::FlashQueryGrads<T, kKeys, kD>;
+  struct Stage {
+    SharedPanels<T, kKeys, kD> k;
+    SharedPanels<T, kKeys, kD> v;
+  };
+  using Ring = hk::tile::Ring<Stage, kStages, kConsumers, kProducerRegisters>;
+  struct Shared {
+    SharedPanels<T, kQueries, kD> q, d_o;
+    Ring ring;
+    hk::tile::Mbarrier own_full, own_empty;
+  };
+  static constexpr unsigned kThreads = Ring::kThreads;
+  static constexpr unsigned kSharedBytes = sizeof(Shared) + 1024;  // + aligning to 1024
+  static constexpr unsigned kLag = kStages - 2;  // as the forward's producer
+};
+
+// One query head of one sequence, as both roles of the dQ program see it.
+template <typename T, unsigned kD> struct QueryHead {
+  using F = WgmmaDq<T, kD>;
+  hk::tile::SequenceRows qs, ks;
+  unsigned h;
+  const T *q, *d_o, *k, *v;  // the head's first query, dO, key and value
+  bool vector;               // every row 16-byte aligned (cp.async)
+  hk::tile::Visibility vis;
+
+  HK_DEVICE QueryHead(const T* q_, const T* k_, const T* v_, const T* d_o_, const Params& p)
+      : qs(p.cu_seqlens_q, hk::block_idx_z(), p.total_q),
+        ks(p.cu_seqlens_k, hk::block_idx_z(), p.total_k),
+        h(hk::block_idx_y()),
+        q(q_ + static_cast<unsigned long long>(qs.first) * p.ldq + h * kD),
+        d_o(d_o_ + static_cast<unsigned long long>(qs.first) * p.lddo + h * kD),
+        k(k_ + static_cast<unsigned long long>(ks.first) * p.ldk + h / (p.heads_q / p.heads_kv) * kD),
+        v(v_ + static_cast<unsigned long long>(ks.first) * p.ldv + h / (p.heads_q / p.heads_kv) * kD),
+        vector(hk::aligned16(q, d_o, k, v) && p.ldq % 8 == 0 && p.lddo % 8 == 0 && p.ldk % 8 == 0 &&
+               p.ldv % 8 == 0),
+        vis{static_cast<int>(qs.count), static_cast<int>(ks.count), p.window_left,
+            p.causal ? 0 : p.window_right} {}
+
+  // The block's query blocks of kQueries: f(q0, q1, first, last) for queries [q0, q1) and the
+  // key blocks [first, last) they see (empty when none). Blocks along x stride over the
+  // sequence's query blocks.
+  template <typename Fn> HK_DEVICE void for_each_query_block(Fn f) const {
+    for (unsigned qb = hk::block_idx_x(); qb * F::kQueries < qs.count; qb += hk::grid_dim_x()) {
+      const int q0 = qb * F::kQueries;
+      const int q1 = q0 + F::kQueries < qs.count ? q0 + F::kQueries : qs.count;
+      const int first = vis.first_key(q0), last = vis.last_key(q1);
+      const unsigned kb_first = first / F::kKeys;
+      f(q0, q1, kb_first, last > first ? (last + F::kKeys - 1) / F::kKeys : kb_first);
+    }
+  }
+};
+
+template <typename T, unsigned kD>
+HK_DEVICE void produce_keys(typename WgmmaDq<T, kD>::Shared& sh, const QueryHead<T, kD>& head,
+                            const Params& p) {
+  using F = WgmmaDq<T, kD>;
+  constexpr unsigned kThreads = hk::tile::kWarpgroupThreads;
+  hk::tile::StageCursor<F::kStages> write, done;  // the step being copied, the next to publish
+  unsigned steps = 0, blocks = 0;  // stages filled, and query blocks with keys, so far
+  head.for_each_query_block([&](int q0, int, unsigned kb_first, unsigned kb_last) HK_INLINE {
+    if (kb_first >= kb_last) return;
+    // The consumers are done with the previous query block's Q and dO.
+    if (blocks > 0) sh.own_empty.wait((blocks - 1) & 1);
+    ++blocks;
+    hk::tile::copy_panels<kThreads>(sh.q, head.q, head.qs.count, p.ldq, q0, head.vector);
+    hk::tile::copy_panels<kThreads>(sh.d_o, head.d_o, head.qs.count, p.lddo, q0, head.vector);
+    bool own_copied = false;
+    const auto publish = [&]() HK_INLINE {
+      // Q's and dO's copies joined the first stage's, so they landed with it.
+      if (!own_copied) sh.own_full.arrive();
+      own_copied = true;
+      sh.ring.full[done.slot].arrive();
+      done.advance();
+    };
+    const hk::tile::KeyValueCopies<typename F::Stage, kThreads, T> copies{
+        head.k, head.v, head.ks.count, p.ldk, p.ldv, head.vector};
+    unsigned in_flight = 0;
+    for (unsigned kb = kb_first; kb < kb_last; ++kb, ++steps, write.advance()) {
+      if (steps >= F::kStages) sh.ring.empty[write.slot].wait(write.phase ^ 1);
+      copies.copy(kb, sh.ring.stage[write.slot]);
+      if (head.vector) {
+        hk::tile::async_commit();
+        if (++in_flight > F::kLag) {
+          hk::tile::async_wait<F::kLag>();
+          hk::tile::fence_async_shared();
+          publish();
+          --in_flight;
+        }
+      } else {
+        hk::tile::fence_async_shared();
+        publish();
+      }
+    }
+    hk::tile::async_wait<0>();
+    hk::tile::fence_async_shared();
+    for (; in_flight > 0; --in_flight) publish();
+  });
+}
+
+template <typename T, unsigned kD>
+HK_DEVICE void consume_keys(typename WgmmaDq<T, kD>::Shared& sh, const QueryHead<T, kD>& head,
+                            T* __restrict__ dq, unsigned lddq, const Params& p, unsigned consumer) {
+  using F = WgmmaDq<T, kD>;
+  using W = typename F::Warpgroup;
+  namespace wgmma = hk::tile::wgmma;
+  const bool leader = hk::thread_idx_x() % hk::tile::kWarpgroupThreads == 0;
+  const bool pairs = reinterpret_cast<unsigned long long>(dq) % 4 == 0 && lddq % 2 == 0;
+  const Logits logits(p);
+  hk::tile::StageCursor<F::kStages> read;
+  unsigned blocks = 0;  // query blocks with keys so far
+  head.for_each_query_block([&](int q0, int q1, unsigned kb_first, unsigned kb_last) HK_INLINE {
+    const int wq = q0 + W::kRows * consumer;  // the warpgroup's first query
+    W w;
+    w.start();
+    if (kb_first < kb_last) {
+      // Each own query's LSE (base 2), delta and visible keys [lo, hi); none past the sequence.
+      float lse2[W::kSlots], delta[W::kSlots];
+      int lo[W::kSlots], hi[W::kSlots];
+#pragma unroll
+      for (unsigned slot = 0; slot < W::kSlots; ++slot) {
+        const int query = wq + static_cast<int>(W::row(slot));
+        const unsigned long long at =
+            static_cast<unsigned long long>(head.h) * p.ld_lse + head.qs.first + query;
+        const bool own = query < q1;
+        lse2[slot] = own ? p.lse[at] * hk::kLog2e : 0.0f;
+        delta[slot] = own ? p.delta[at] : 0.0f;
+        lo[slot] = own ? head.vis.first_key(query) : 0;
+        hi[slot] = own ? head.vis.last_key(query + 1) : 0;
+      }
+      sh.own_full.wait(blocks++ & 1);
+      for (unsigned kb = kb_first; kb < kb_last; ++kb, read.advance()) {
+        sh.ring.full[read.slot].wait(read.phase);
+        const typename F::Stage& st = sh.ring.stage[read.slot];
+        wgmma::fence();
+        w.template scores<kD>(sh.q, sh.d_o, W::kRows * consumer, st.k, st.v);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::pin(w.s);
+        wgmma::pin(w.dp);
+        if (leader && kb + 1 == kb_last) sh.own_empty.arrive();
+        const int k0 = kb * F::kKeys;
+        w.map([&](unsigned slot, unsigned kj, float x, float g) HK_INLINE {
+          const int key = k0 + static_cast<int>(kj);
+          const bool hidden = key < lo[slot] || key >= hi[slot];
+          const float pr = hidden ? 0.0f : logits.probability(x, lse2[slot]);
+          if (pr == 0.0f) return typename W::Gradient{0.0f, 0.0f};
+          return typename W::Gradient{pr, pr * (g - delta[slot]) * logits.slope(pr, lse2[slot])};
+        });
+        w.accumulate(st.k);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::pin(w.dq);
+        // The stage's tiles were read by the products alone, which are done for every thread.
+        if (leader) sh.ring.empty[read.slot].arrive();
+      }
+    }
+    hk::tile::store_accumulator<T, kD>(w.dq, dq + (head.qs.first + static_cast<unsigned long long>(wq)) * lddq + head.h * kD,
+                                       lddq, q1 - wq, pairs, p.scale);
+  });
+}
+
+template <typename T, unsigned kD>
+HK_DEVICE void attention_dq_wgmma(T* __restrict__ dq, unsigned lddq, const T* __restrict__ q,
+                                  const T* __restrict__ k, const T* __restrict__ v,
+                                  const T* __restrict__ d_o, const Params& p) {
+  using F = WgmmaDq<T, kD>;
+  auto& sh = hk::tile::aligned_dynamic_shared<typename F::Shared>();
+  const unsigned thread = hk::thread_idx_x();
+  if (thread == 0) {
+#pragma unroll
+    for (unsigned s = 0; s < F::kStages; ++s) {
+      sh.ring.full[s].init(hk::tile::kWarpgroupThreads);
+      sh.ring.empty[s].init(F::kConsumers);
+    }
+    sh.own_full.init(hk::tile::kWarpgroupThreads);
+    sh.own_empty.init(F::kConsumers);
+    hk::tile::fence_barrier_init();
+  }
+  hk::block_sync();
+  const QueryHead<T, kD> head(q, k, v, d_o, p);
+  const unsigned role = thread / hk::tile::kWarpgroupThreads;
+  if (role == 0) {
+    hk::tile::as_producer<typename F::Ring>();
+    produce_keys<T, kD>(sh, head, p);
+  } else {
+    hk::tile::as_consumer<typename F::Ring>();
+    consume_keys<T, kD>(sh, head, dq, lddq, p, role - 1);
+  }
+}
+
 // sm_90a, d_qk = d_v = 64: dK and dV on wgmma, warp-specialised on hk/tile/pipeline.h's ring.
 // A block takes 128 keys of one key head; warpgroup 0 produces: it copies the block's K and V
 // once, then, for each query head of the group in turn, the blocks of kQueries queries that see
 // those keys (Q's and dO's rows, with their LSE and delta) through the ring's stages.
-// Warpgroups 1 and 2 consume, 64 keys each (hk/tile/flash_wgmma.h's FlashGradWarpgroup). A
+// Warpgroups 1 and 2 consume, 64 keys each (hk/tile/flash_wgmma.h's FlashKeyGrads). A
 // consumer's threads free a stage once its dK and dV products over it are done, and K and V
 // once its last scores are: the producer copies the next key block's then, while the consumers
 // finish.
@@ -405,8 +610,9 @@ template <typename T, unsigned kD> struct WgmmaDkdv {
   static constexpr unsigned kKeys = 128, kConsumers = 2, kQueries = 64;
   // Three stages of Q and dO, 16 KiB each, beside K's and V's 32 KiB.
   static constexpr unsigned kStages = 3;
+  // The producer's share: at 24 registers it spilled (56 leaves the consumers 224).
   static constexpr unsigned kProducerRegisters = 56;
-  using Warpgroup = hk::tile::FlashGradWarpgroup<T, kQueries, kD>;
+  using Warpgroup = hk::tile::FlashKeyGrads<T, kQueries, kD>;
   struct Stage : QueryStats<false> {
     SharedPanels<T, kQueries, kD> q;
     SharedPanels<T, kQueries, kD> d_o;
@@ -550,7 +756,7 @@ HK_DEVICE void consume_queries(typename WgmmaDkdv<T, kD>::Shared& sh, const KeyH
         sh.ring.full[read.slot].wait(read.phase);
         const typename F::Stage& st = sh.ring.stage[read.slot];
         wgmma::fence();
-        w.scores(sh.k, sh.v, W::kRows * consumer, st.q, st.d_o);
+        w.template scores<kD>(sh.k, sh.v, W::kRows * consumer, st.q, st.d_o);
         wgmma::commit();
         wgmma::wait<0>();
         wgmma::pin(w.s);
@@ -613,6 +819,24 @@ HK_DEVICE void attention_dkdv_wgmma(T* __restrict__ dk, T* __restrict__ dv, unsi
 }
 #endif
 
+// Which dQ program a kernel runs, and its block: the wgmma program where it pays (sm_90a,
+// d_qk = d_v = 128), DqShapes' elsewhere. (At d = 64 the wgmma program made the H200's forward +
+// backward 8 % slower than the 4-wave blocks, several of which share an SM: its products of
+// 64 x 64 x 64 are too short to hide its waits with two consumers a block.)
+template <typename T, unsigned kD, unsigned kDv> struct DqProgram {
+  static constexpr bool kWgmma = HK_SM90A && kD == kDv && kD == 128;
+#if HK_SM90A
+  using Wgmma = WgmmaDq<T, kD>;
+  static constexpr unsigned kThreads = kWgmma ? Wgmma::kThreads : threads(kD);
+  static constexpr unsigned kShared = kWgmma ? Wgmma::kSharedBytes : sizeof(typename DqShapes<T, kD, kDv>::Shared);
+  static constexpr unsigned kOwn = kWgmma ? Wgmma::kQueries : DqShapes<T, kD, kDv>::kOwn;
+#else
+  static constexpr unsigned kThreads = threads(kD);
+  static constexpr unsigned kShared = sizeof(typename DqShapes<T, kD, kDv>::Shared);
+  static constexpr unsigned kOwn = DqShapes<T, kD, kDv>::kOwn;
+#endif
+};
+
 // Which dK/dV program a kernel runs, and its block: the wgmma program where it exists (sm_90a,
 // d_qk = d_v = 64), DkdvShapes' elsewhere. (At d = 128 a consumer's dK, dV, Sᵀ and dPᵀ, 192
 // sums a thread, spilled 100 to 190 registers with the producer at 56 or 24 registers.)
@@ -652,37 +876,46 @@ template <typename T, unsigned kD, unsigned kDv> struct DkdvProgram {
       int window_right
 
 // What manifests/attention_backward.toml's contracts say of each pair, checked here: SHARED,
-// the dynamic shared memory on NVIDIA (DKDV_SHARED_90A that of the sm_90a wgmma program, where
-// it runs); ROWS, the block's own rows (its block_rows; the wgmma program's 128 keys); PARTS,
-// the column parts grid y counts per head.
+// the dynamic shared memory on NVIDIA (*_SHARED_90A that of an sm_90a wgmma program, where it
+// runs); ROWS, the block's own rows (its block_rows; a wgmma program's 128); PARTS, the column
+// parts grid y counts per head.
 #if HK_SM90A
-#define HK_ATTN_DKDV_BOUNDS(T, D, DV) HK_LAUNCH_BOUNDS_MIN_BLOCKS((DkdvProgram<T, D, DV>::kThreads), 1)
+#define HK_ATTN_BWD_BOUNDS(Program, T, D, DV) HK_LAUNCH_BOUNDS_MIN_BLOCKS((Program<T, D, DV>::kThreads), 1)
+#define HK_ATTN_DQ_WGMMA(T, D) attention_dq_wgmma<T, D>(dq, lddq, q, k, v, d_o, HK_PARAMS)
 #define HK_ATTN_DKDV_WGMMA(T, D) attention_dkdv_wgmma<T, D>(dk, dv, lddk, lddv, q, k, v, d_o, HK_PARAMS)
 #else
-#define HK_ATTN_DKDV_BOUNDS(T, D, DV) HK_LAUNCH_BOUNDS(threads(D))
+#define HK_ATTN_BWD_BOUNDS(Program, T, D, DV) HK_LAUNCH_BOUNDS((Program<T, D, DV>::kThreads))
+#define HK_ATTN_DQ_WGMMA(T, D) (void)0
 #define HK_ATTN_DKDV_WGMMA(T, D) (void)0
 #endif
-#define HK_ATTN_BWD(suffix, T, D, DV, DQ_SHARED, DKDV_SHARED, DKDV_SHARED_90A, ROWS, DQ_PARTS, DKDV_PARTS) \
-  HK_KERNEL HK_LAUNCH_BOUNDS(threads(D)) void attn_bwd_dq_##suffix(                              \
+// Whether a Program's shared memory and rows are the manifest's.
+#define HK_ATTN_BWD_CHECK(Program, SHARED, SHARED_90A, ROWS)                                     \
+  static_assert(HK_AMD || (Program::kWgmma ? Program::kShared == (SHARED_90A)                   \
+                                           : Program::kShared <= (SHARED)),                     \
+                "manifests/attention_backward.toml gives other shared memory than this uses");  \
+  static_assert(Program::kOwn == (Program::kWgmma ? 128 : (ROWS)),                              \
+                "manifests/attention_backward.toml's grid counts other rows")
+#define HK_ATTN_BWD(suffix, T, D, DV, DQ_SHARED, DQ_SHARED_90A, DKDV_SHARED, DKDV_SHARED_90A, ROWS, DQ_PARTS, \
+                    DKDV_PARTS)                                                                 \
+  HK_KERNEL HK_ATTN_BWD_BOUNDS(DqProgram, T, D, DV) void attn_bwd_dq_##suffix(                \
       T* dq, const T* q, const T* k, const T* v, const T* d_o, unsigned lddq, HK_COMMON_ARGS) { \
-    static_assert(HK_AMD || sizeof(DqShapes<T, D, DV>::Shared) <= DQ_SHARED,                  \
-                  "manifests/attention_backward.toml gives less shared memory than this uses"); \
-    static_assert(DqShapes<T, D, DV>::kOwn == (ROWS) && parts(D) == (DQ_PARTS),                \
-                  "manifests/attention_backward.toml's grid counts other rows or parts");       \
+    using Program = DqProgram<T, D, DV>;                                                       \
+    HK_ATTN_BWD_CHECK(Program, DQ_SHARED, DQ_SHARED_90A, ROWS);                                \
+    static_assert(parts(D) == (DQ_PARTS), "manifests/attention_backward.toml's grid counts other parts"); \
     (void)batch;                                                                               \
     (void)max_seqlen;                                                                          \
-    attention_dq<T, D, DV>(dq, lddq, q, k, v, d_o, HK_PARAMS);                                 \
+    if constexpr (Program::kWgmma)                                                             \
+      HK_ATTN_DQ_WGMMA(T, D);                                                                  \
+    else                                                                                       \
+      attention_dq<T, D, DV>(dq, lddq, q, k, v, d_o, HK_PARAMS);                               \
   }                                                                                            \
-  HK_KERNEL HK_ATTN_DKDV_BOUNDS(T, D, DV) void attn_bwd_dkdv_##suffix(                           \
+  HK_KERNEL HK_ATTN_BWD_BOUNDS(DkdvProgram, T, D, DV) void attn_bwd_dkdv_##suffix(            \
       T* dk, T* dv, const T* q, const T* k, const T* v, const T* d_o, unsigned lddk,           \
       unsigned lddv, HK_COMMON_ARGS) {                                                         \
     using Program = DkdvProgram<T, D, DV>;                                                     \
-    static_assert(HK_AMD || (Program::kWgmma ? Program::kShared == DKDV_SHARED_90A             \
-                                             : Program::kShared <= DKDV_SHARED),               \
-                  "manifests/attention_backward.toml gives other shared memory than this uses"); \
-    static_assert(Program::kOwn == (Program::kWgmma ? 128 : (ROWS)) &&                         \
-                      DkdvShapes<T, D, DV>::kParts == (DKDV_PARTS),                            \
-                  "manifests/attention_backward.toml's grid counts other rows or parts");       \
+    HK_ATTN_BWD_CHECK(Program, DKDV_SHARED, DKDV_SHARED_90A, ROWS);                            \
+    static_assert(DkdvShapes<T, D, DV>::kParts == (DKDV_PARTS),                                \
+                  "manifests/attention_backward.toml's grid counts other parts");              \
     (void)batch;                                                                               \
     (void)max_seqlen;                                                                          \
     if constexpr (Program::kWgmma)                                                             \
@@ -693,11 +926,11 @@ template <typename T, unsigned kD, unsigned kDv> struct DkdvProgram {
 
 HK_ATTN_BWD_DELTA(attn_bwd_delta_bf16, hk::bf16)
 HK_ATTN_BWD_DELTA(attn_bwd_delta_f16, hk::f16)
-HK_ATTN_BWD(d64_bf16, hk::bf16, 64, 64, 32768, 33280, 84544, 64, 1, 1)
-HK_ATTN_BWD(d128_bf16, hk::bf16, 128, 128, 65536, 66048, 0, 64, 1, 1)
-HK_ATTN_BWD(d256_bf16, hk::bf16, 256, 256, 131072, 131584, 0, HK_AMD ? 32 : 64, 2, 4)
-HK_ATTN_BWD(d192_dv128_bf16, hk::bf16, 192, 128, 81920, 82432, 0, 64, 2, 2)
-HK_ATTN_BWD(d64_f16, hk::f16, 64, 64, 32768, 33280, 84544, 64, 1, 1)
-HK_ATTN_BWD(d128_f16, hk::f16, 128, 128, 65536, 66048, 0, 64, 1, 1)
-HK_ATTN_BWD(d256_f16, hk::f16, 256, 256, 131072, 131584, 0, HK_AMD ? 32 : 64, 2, 4)
-HK_ATTN_BWD(d192_dv128_f16, hk::f16, 192, 128, 81920, 82432, 0, 64, 2, 2)
+HK_ATTN_BWD(d64_bf16, hk::bf16, 64, 64, 32768, 0, 33280, 84544, 64, 1, 1)
+HK_ATTN_BWD(d128_bf16, hk::bf16, 128, 128, 65536, 164928, 66048, 0, 64, 1, 1)
+HK_ATTN_BWD(d256_bf16, hk::bf16, 256, 256, 131072, 0, 131584, 0, HK_AMD ? 32 : 64, 2, 4)
+HK_ATTN_BWD(d192_dv128_bf16, hk::bf16, 192, 128, 81920, 0, 82432, 0, 64, 2, 2)
+HK_ATTN_BWD(d64_f16, hk::f16, 64, 64, 32768, 0, 33280, 84544, 64, 1, 1)
+HK_ATTN_BWD(d128_f16, hk::f16, 128, 128, 65536, 164928, 66048, 0, 64, 1, 1)
+HK_ATTN_BWD(d256_f16, hk::f16, 256, 256, 131072, 0, 131584, 0, HK_AMD ? 32 : 64, 2, 4)
+HK_ATTN_BWD(d192_dv128_f16, hk::f16, 192, 128, 81920, 0, 82432, 0, 64, 2, 2)

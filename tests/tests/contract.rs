@@ -1044,9 +1044,10 @@ fn every_attention_backward_requirement_is_enforced_on_both_sides_of_its_boundar
     assert!(unmet(delta(&[("ld_delta", 9)])).contains("ld_delta must be at least total_q"));
 
     // Launches: 64 own rows (4 waves) a block, heads times column parts along y; row strides
-    // wide enough for d = 256. On compute capability 9.0 the sm_90a code runs, and dK/dV at
-    // d = 64 is the wgmma program there: three warpgroups, 128 keys a block, K and V beside three
-    // stages of Q and dO (kernels/attention_backward.hip checks the sizes at compile time).
+    // wide enough for d = 256. On compute capability 9.0 the sm_90a code runs, and dQ at
+    // d = 128 and dK/dV at d = 64 are wgmma programs there: three warpgroups, 128 own rows a
+    // block, their tiles beside three stages of the rows they walk (kernels/attention_backward.hip
+    // checks the sizes at compile time).
     let (_, ampere) = simulated("sm_80");
     let values = with(&[
         ("total_q", 1000),
@@ -1073,6 +1074,8 @@ fn every_attention_backward_requirement_is_enforced_on_both_sides_of_its_boundar
             &device,
             ([5, 4, 2], 128, 82432),
         ),
+        ("attn_bwd_dq_d128_bf16", &device, ([3, 4, 2], 384, 164928)),
+        ("attn_bwd_dq_d128_bf16", &ampere, ([5, 4, 2], 128, 65536)),
         ("attn_bwd_dkdv_d64_bf16", &device, ([3, 2, 2], 384, 84544)),
         ("attn_bwd_dkdv_d64_bf16", &ampere, ([5, 2, 2], 128, 33280)),
         ("attn_bwd_dkdv_d64_bf16", &amd, ([5, 2, 2], 256, 0)),

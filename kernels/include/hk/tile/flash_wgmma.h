@@ -1,5 +1,5 @@
 // hk/tile/flash_wgmma.h: a consumer warpgroup's share of flash attention on sm_90a (wgmma):
-// FlashWarpgroup for the forward pass, FlashGradWarpgroup for the backward pass's dK and dV.
+// FlashWarpgroup for the forward pass, FlashKeyGrads and FlashQueryGrads for the backward's.
 //
 // The forward's warpgroup owns 64 query rows (Q's shared tile, K-major) and walks blocks of kKeys keys:
 //   S = Q·Kᵀ   wgmma m64n{kKeys}k16, both operands from shared memory (K [key][d] is K-major);
@@ -198,20 +198,19 @@ template <typename T, unsigned kKeys_, unsigned kD, unsigned kDv> struct FlashWa
   }
 };
 
-// The backward pass's dK and dV for 64 keys a warpgroup (K's and V's shared tiles, K-major),
-// walking blocks of kQueries queries (Q's and dO's tiles [query][d]):
-//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   wgmma m64n{kQueries}k16 from shared memory, issued together;
-//   Pᵀ, dSᵀ                 in registers, from the forward pass's statistics (the caller's map);
-//   dV += Pᵀ·dO, dK += dSᵀ·Q  wgmma m64n{kD}k16, Pᵀ and dSᵀ from registers (RegisterOperand),
-//                           Q and dO read N-major.
-// A thread's rows ("slots" 0 and 1) are keys, its columns queries. The caller orders the
-// products as FlashWarpgroup's does: fence before scores(), commit, wait and pin; accumulate()
-// fences itself.
-template <typename T, unsigned kQueries, unsigned kD> struct FlashGradWarpgroup {
+// The backward pass's products for a warpgroup's 64 own rows (keys for dK and dV, queries for
+// dQ) against a block of kCols other rows (queries, or keys), both from shared memory, K-major:
+//   S, dP   wgmma m64n{kCols}k16, issued together (scores());
+//   P, dS   in registers, from the forward pass's statistics (the caller's map());
+// then the gradients' products, with P and dS as register operands (RegisterOperand) and the
+// other rows' tiles read N-major: FlashKeyGrads (dV += Pᵀ·dO, dK += dSᵀ·Q) and FlashQueryGrads
+// (dQ += dS·K). A thread's rows ("slots" 0 and 1) are own rows, its columns other rows. The
+// caller orders the products as FlashWarpgroup's does: fence before scores(), commit, wait and
+// pin; accumulate() fences itself.
+template <typename T, unsigned kCols> struct FlashGrads {
   static constexpr unsigned kRows = 64, kSlots = 2;
-  float s[kQueries / 2];   // Sᵀ, then Pᵀ
-  float dp[kQueries / 2];  // dPᵀ, then dSᵀ
-  float dk[kD / 2], dv[kD / 2];
+  float s[kCols / 2];   // S, then P
+  float dp[kCols / 2];  // dP, then dS
 
   static HK_DEVICE unsigned slot(unsigned v) { return v / 2 % 2; }
   static HK_DEVICE unsigned row(unsigned slot) {
@@ -219,41 +218,61 @@ template <typename T, unsigned kQueries, unsigned kD> struct FlashGradWarpgroup 
   }
   static HK_DEVICE unsigned col(unsigned v) { return wgmma::Layout::col(v); }
 
-  HK_DEVICE void start() {
-#pragma unroll
-    for (unsigned v = 0; v < kD / 2; ++v) dk[v] = dv[v] = 0.0f;
-  }
-
-  // Issues Sᵀ and dPᵀ for the warpgroup's keys [row0, row0 + 64) of k and v against the block's
-  // queries (row0 a multiple of 64).
-  template <class OwnTile, class QueryTile>
-  HK_DEVICE void scores(const OwnTile& k, const OwnTile& v, unsigned row0, const QueryTile& q,
-                        const QueryTile& d_o) {
-    multiply_nt<T, kQueries, kD>(s, k, row0, q);
-    multiply_nt<T, kQueries, kD>(dp, v, row0, d_o);
+  // Issues S = A·Bᵀ and dP = dA·dBᵀ for own rows [row0, row0 + 64) of a and da (row0 a multiple
+  // of 64) against the block's other rows b and db, over kDepth columns.
+  template <unsigned kDepth, class OwnTile, class OtherTile>
+  HK_DEVICE void scores(const OwnTile& a, const OwnTile& da, unsigned row0, const OtherTile& b,
+                        const OtherTile& db) {
+    multiply_nt<T, kCols, kDepth>(s, a, row0, b);
+    multiply_nt<T, kCols, kDepth>(dp, da, row0, db);
   }
 
   // A score's probability and the gradient of its logit.
   struct Gradient {
     float p, ds;
   };
-  // Replaces each pair (sᵀ, dpᵀ) with the Gradient f(slot, query, sᵀ, dpᵀ) (query within the
-  // block).
+  // Replaces each pair (s, dp) with the Gradient f(slot, col, s, dp) (col: the other row within
+  // the block).
   template <typename F> HK_DEVICE void map(F f) {
 #pragma unroll
-    for (unsigned v = 0; v < kQueries / 2; ++v) {
+    for (unsigned v = 0; v < kCols / 2; ++v) {
       const Gradient g = f(slot(v), col(v), s[v], dp[v]);
       s[v] = g.p;
       dp[v] = g.ds;
     }
   }
+};
 
+// dK and dV for 64 keys, walking blocks of kQueries queries.
+template <typename T, unsigned kQueries, unsigned kD> struct FlashKeyGrads : FlashGrads<T, kQueries> {
+  float dk[kD / 2], dv[kD / 2];
+
+  HK_DEVICE void start() {
+#pragma unroll
+    for (unsigned v = 0; v < kD / 2; ++v) dk[v] = dv[v] = 0.0f;
+  }
   // Issues dV += Pᵀ·dO and dK += dSᵀ·Q over the block's queries.
   template <class QueryTile> HK_DEVICE void accumulate(const QueryTile& q, const QueryTile& d_o) {
-    const RegisterOperand<T, kQueries> p(s), ds(dp);
+    const RegisterOperand<T, kQueries> p(this->s), ds(this->dp);
     wgmma::fence();
     multiply_rs<T, kD>(dv, p, d_o);
     multiply_rs<T, kD>(dk, ds, q);
+  }
+};
+
+// dQ for 64 queries, walking blocks of kKeys keys.
+template <typename T, unsigned kKeys, unsigned kD> struct FlashQueryGrads : FlashGrads<T, kKeys> {
+  float dq[kD / 2];
+
+  HK_DEVICE void start() {
+#pragma unroll
+    for (unsigned v = 0; v < kD / 2; ++v) dq[v] = 0.0f;
+  }
+  // Issues dQ += dS·K over the block's keys.
+  template <class KeyTile> HK_DEVICE void accumulate(const KeyTile& k) {
+    const RegisterOperand<T, kKeys> ds(this->dp);
+    wgmma::fence();
+    multiply_rs<T, kD>(dq, ds, k);
   }
 };
 
