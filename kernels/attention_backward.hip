@@ -564,8 +564,9 @@ HK_DEVICE void consume_keys(typename WgmmaDq<T, kD>::Shared& sh, const QueryHead
         if (leader) sh.ring.empty[read.slot].arrive();
       }
     }
-    hk::tile::store_accumulator<T, kD>(w.dq, dq + (head.qs.first + static_cast<unsigned long long>(wq)) * lddq + head.h * kD,
-                                       lddq, q1 - wq, pairs, p.scale);
+    const unsigned long long row = head.qs.first + wq;
+    hk::tile::store_accumulator<T, kD>(w.dq, dq + row * lddq + head.h * kD, lddq, q1 - wq, pairs,
+                                       p.scale);
   });
 }
 
@@ -783,7 +784,8 @@ HK_DEVICE void consume_queries(typename WgmmaDkdv<T, kD>::Shared& sh, const KeyH
       }
     }
     const unsigned long long row = head.ks.first + wk;
-    hk::tile::store_accumulator<T, kD>(w.dk, dk + row * lddk + head.h * kD, lddk, k1 - wk, pairs, p.scale);
+    hk::tile::store_accumulator<T, kD>(w.dk, dk + row * lddk + head.h * kD, lddk, k1 - wk, pairs,
+                                       p.scale);
     hk::tile::store_accumulator<T, kD>(w.dv, dv + row * lddv + head.h * kD, lddv, k1 - wk, pairs);
   });
 }

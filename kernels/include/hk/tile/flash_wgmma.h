@@ -1,7 +1,8 @@
 // hk/tile/flash_wgmma.h: a consumer warpgroup's share of flash attention on sm_90a (wgmma):
 // FlashWarpgroup for the forward pass, FlashKeyGrads and FlashQueryGrads for the backward's.
 //
-// The forward's warpgroup owns 64 query rows (Q's shared tile, K-major) and walks blocks of kKeys keys:
+// The forward's warpgroup owns 64 query rows (Q's shared tile, K-major) and walks blocks of kKeys
+// keys:
 //   S = Q·Kᵀ   wgmma m64n{kKeys}k16, both operands from shared memory (K [key][d] is K-major);
 //   softmax    online, in registers, per row (FlashWave's rules, hk/tile/flash.h);
 //   O += P·V   wgmma m64n{kDv}k16 with P from registers and V [key][d] read N-major.
@@ -36,8 +37,8 @@ HK_DEVICE void multiply_nt(float (&acc)[kN / 2], const ATile& a, unsigned row0, 
 #pragma unroll
   for (unsigned d = 0; d < kDepth; d += 16) {
     const unsigned p = d / 64, c = d % 64;
-    wgmma::mma<T, kN>(acc, wgmma::descriptor(a.panel[p], row0, c), wgmma::descriptor(b.panel[p], 0, c),
-                      d > 0);
+    wgmma::mma<T, kN>(acc, wgmma::descriptor(a.panel[p], row0, c),
+                      wgmma::descriptor(b.panel[p], 0, c), d > 0);
   }
 }
 
@@ -90,7 +91,8 @@ HK_DEVICE void store_accumulator(const float (&acc)[kN / 2], T* out, unsigned lo
     if (r >= rows) continue;
     T* to = out + r * ld + wgmma::Layout::col(v);
     if (pairs) {
-      *reinterpret_cast<unsigned*>(to) = RegisterOperand<T, 16>::pack(acc[v] * scale, acc[v + 1] * scale);
+      *reinterpret_cast<unsigned*>(to) =
+          RegisterOperand<T, 16>::pack(acc[v] * scale, acc[v + 1] * scale);
     } else {
       to[0] = static_cast<T>(acc[v] * scale);
       to[1] = static_cast<T>(acc[v + 1] * scale);
