@@ -20,6 +20,8 @@
 // stages on NVIDIA (the next block's copies in flight while this one multiplies), registers on
 // AMD (the next block's loads in flight, one LDS stage), element by element for rows that are
 // not 16-byte aligned. Each wave's scores, online softmax and P·V are hk::tile::FlashWave's.
+// Two targets run other programs at d_qk = d_v <= 128: sm_90a a warp-specialised wgmma one,
+// CDNA the 8-wave ping-pong (256 queries a block; PingPongForward below).
 // Blocks along x stride over a sequence's query blocks, so any grid x is correct; the
 // contract's covers the longest sequence once.
 //
@@ -215,9 +217,11 @@ HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, con
 // The trailing group runs one cluster behind, so one wave of each SIMD multiplies while the
 // other works through memory and the softmax. Why two stages: a block's keys are read a cluster
 // ahead of its values and the groups run a cluster apart, so a block's stage is in use over four
-// phases; the next block's copies land in the other stage meanwhile. (gfx950's 160 KiB would
-// pay with deeper prefetch into more stages, which wants loads straight to LDS; its
-// global_load_lds is an emulator gap here, see tests/tests/attention_amd.rs.)
+// phases; the next block's copies land in the other stage meanwhile. gfx950 takes the same
+// 32 KiB (d = 128) of its 160: more stages would pay only with a deeper prefetch, and deeper
+// than one block ahead through registers does not fit a wave's 256; loads straight to LDS
+// (gfx950's global_load_lds_dwordx4) would, but the CDNA emulator that checks this code cannot
+// run them.
 template <typename T, unsigned kD> struct PingPongForward {
   using Schedule = hk::tile::PingPong;
   static constexpr unsigned kQueryTiles = 2;
