@@ -304,8 +304,6 @@ template <typename T> struct TransposedOrder {
   }
 };
 
-
-
 // A wave's operands of 16 kTiles rows by kDepth columns of a row-major matrix: its own rows
 // (queries) loaded once from global memory, or a block's other rows (keys) read from a stage.
 template <typename T, unsigned kTiles, unsigned kDepth> struct RowOperands {
@@ -333,11 +331,13 @@ template <typename T, unsigned kTiles, unsigned kDepth> struct RowOperands {
       for (unsigned d = 0; d < kSteps; ++d) {
         const T* src = g.row(r) + Atom::kK * d + Atom::kPerLane * (l / 16);
         Operand x = {};
-        if (r < g.rows && vector) {
-          x = *reinterpret_cast<const Operand*>(src);
-        } else if (r < g.rows) {
+        if (r < g.rows) {
+          if (vector) {
+            x = *reinterpret_cast<const Operand*>(src);
+          } else {
 #pragma unroll
-          for (unsigned e = 0; e < Atom::kPerLane; ++e) x[e] = src[e];
+            for (unsigned e = 0; e < Atom::kPerLane; ++e) x[e] = src[e];
+          }
         }
         v[i][d] = x;
       }
@@ -346,10 +346,10 @@ template <typename T, unsigned kTiles, unsigned kDepth> struct RowOperands {
 };
 
 // Mᵀ's operands for Y += X·M, in TransposedOrder, read from a shared tile that holds M
-// transposed, Mᵀ [column][other] (kCols rows of kOthers): four other rows of a lane's operand
-// are consecutive there, one 8-byte read. (From M as stored, [other][column], they would be
-// 2-byte reads, four a read here, each with its own swizzled address: CDNA reads no transposed
-// operand from LDS before gfx950.)
+// transposed, Mᵀ [column][other] (kCols rows of kOthers): every four other rows of a lane's
+// operand are consecutive there, one 8-byte read. (From M as stored, [other][column], each
+// element is a 2-byte read with its own swizzled address, whose VALU outweighed the softmax's:
+// CDNA has no transposing LDS read before gfx950.)
 template <typename T, unsigned kOthers, unsigned kCols> struct TransposedOperands {
   using Atom = MmaAtom<T>;
   static constexpr unsigned kSteps = kOthers / Atom::kK;
