@@ -283,6 +283,8 @@ fn attention_fits_every_amd_target_and_uses_its_mfma() {
 /// clusters, `s_setprio 1` right after a barrier up to `s_setprio 0` right before the next, that
 /// hold MFMAs and nothing else (their operands already in registers: no LDS or memory access, no
 /// VALU), `counts` of them in some order (the scores', P·V's); and every MFMA in one of them.
+/// Around the loop, the groups' offset: besides the prologue's barrier, one barrier before the
+/// loop and one after it that a branch skips (taken by one group of waves each).
 fn assert_ping_pong(
     code: &[Instruction],
     mfmas: &[&Instruction],
@@ -337,6 +339,32 @@ fn assert_ping_pong(
         );
         clusters.push(inside.len());
     }
+    let outside: Vec<usize> = (0..code.len())
+        .filter(|&at| {
+            code[at].mnemonic == "s_barrier" && !(top..=bottom).contains(&code[at].offset)
+        })
+        .collect();
+    let skipped = |at: &usize| {
+        let branch = &code[at - 1];
+        branch.mnemonic.starts_with("s_cbranch")
+            && code.get(at + 1).map(|next| next.offset) == branch.target
+    };
+    let (before, after) = (
+        outside
+            .iter()
+            .filter(|&&at| code[at].offset < top && skipped(&at))
+            .count(),
+        outside
+            .iter()
+            .filter(|&&at| code[at].offset > bottom && skipped(&at))
+            .count(),
+    );
+    assert_eq!(
+        (outside.len(), before, after),
+        (3, 1, 1),
+        "{symbol} on {target}: barriers outside the key loop other than the prologue's and the \
+         groups' offset (one skipped by a branch before the loop, one after)"
+    );
     clusters.sort_unstable();
     let mut want = counts;
     want.sort_unstable();
