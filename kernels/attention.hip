@@ -20,6 +20,8 @@
 // stages on NVIDIA (the next block's copies in flight while this one multiplies), registers on
 // AMD (the next block's loads in flight, one LDS stage), element by element for rows that are
 // not 16-byte aligned. Each wave's scores, online softmax and P·V are hk::tile::FlashWave's.
+// Two targets run other programs at d_qk = d_v <= 128: sm_90a a warp-specialised wgmma one,
+// CDNA the 8-wave ping-pong (256 queries a block; PingPongForward below).
 // Blocks along x stride over a sequence's query blocks, so any grid x is correct; the
 // contract's covers the longest sequence once.
 //
@@ -29,6 +31,7 @@
 #include "hk/tile/copy.h"
 #include "hk/tile/flash.h"
 #include "hk/tile/flash_wgmma.h"
+#include "hk/tile/pingpong.h"
 #include "hk/tile/pipeline.h"
 
 namespace {
@@ -196,6 +199,122 @@ HK_DEVICE void attention_forward(T* __restrict__ o, float* __restrict__ lse, con
     hk::block_sync();
   });
 }
+
+#if HK_AMD
+// CDNA, d_qk = d_v <= 128: hk/tile/pingpong.h's 8-wave ping-pong. 256 queries a block, 32 a
+// wave (their outputs, the queries' operands and a block's keys and values fit the 256
+// registers a wave has at two waves a SIMD); blocks of 32 keys through two LDS stages, K's
+// copied by the leading group of waves and V's by the trailing one, through registers a block
+// ahead. V lands transposed, Vᵀ [d][key], so that P·V's operands are 8-byte LDS reads as the
+// scores' are (from V [key][d] they took 2-byte reads and twice the VALU of the softmax in
+// addresses, the memory cluster three times the matrix one). Per block of keys a wave runs four
+// clusters, each ending at the block barrier:
+//   memory  store the next block's K or Vᵀ (its group's) into the other stage, start the loads
+//           of the block after it, read this block's key operands;
+//   matrix  S = Q·Kᵀ;
+//   memory  mask and scale, the online softmax, P's operands, read the value operands;
+//   matrix  O += P·V.
+// The trailing group runs one cluster behind, so one wave of each SIMD multiplies while the
+// other works through memory and the softmax. Why two stages: a block's keys are read a cluster
+// ahead of its values and the groups run a cluster apart, so a block's stage is in use over four
+// phases; the next block's copies land in the other stage meanwhile. gfx950 takes the same
+// 32 KiB (d = 128) of its 160: more stages would pay only with a deeper prefetch, and deeper
+// than one block ahead through registers does not fit a wave's 256; loads straight to LDS
+// (gfx950's global_load_lds_dwordx4) would, but the CDNA emulator that checks this code cannot
+// run them.
+template <typename T, unsigned kD> struct PingPongForward {
+  using Schedule = hk::tile::PingPong;
+  static constexpr unsigned kQueryTiles = 2;
+  static constexpr unsigned kQueries = 16 * kQueryTiles * Schedule::kWaves;
+  static constexpr unsigned kKeys = 32;
+  static constexpr unsigned kStages = 2;
+  static constexpr unsigned kThreads = Schedule::kThreads;
+  using Wave = hk::tile::RegisterFlashWave<T, kQueryTiles, kKeys, kD, kD>;
+  using Tile = SharedPanels<T, kKeys, kD>;              // a block's K, and V as loaded
+  using Transposed = hk::tile::SharedTile<T, kD, kKeys>;  // a block's Vᵀ
+  struct Shared {
+    Tile k[kStages];
+    Transposed vt[kStages];
+  };
+};
+
+template <typename T, unsigned kD>
+HK_DEVICE void attention_forward_pingpong(T* __restrict__ o, float* __restrict__ lse,
+                                          const T* __restrict__ q, const T* __restrict__ k,
+                                          const T* __restrict__ v, const Params& p) {
+  using F = PingPongForward<T, kD>;
+  using Schedule = typename F::Schedule;
+  constexpr unsigned kKeys = F::kKeys, kQueries = F::kQueries;
+  typename F::Shared& shared = *hk::tile::stages<typename F::Shared, 1, false>();
+  const Head<T, kD, kD> head(q, k, v, p);
+  const bool o_vector = hk::aligned16(o) && p.ldo % 8 == 0;
+
+  const unsigned wave = hk::wave_id(), thread = Schedule::group_thread();
+  // The group's share of the copies: the leading group K's tiles, the trailing one V's.
+  const bool copies_k = Schedule::group() == 0;
+  const T* rows = copies_k ? head.k : head.v;
+  const unsigned ld = copies_k ? p.ldk : p.ldv;
+
+  head.template for_each_query_block<kQueries, kKeys>([&](int q0, int q1, unsigned kb_first,
+                                                          unsigned kb_last) HK_INLINE {
+    const int wq = q0 + F::Wave::kQueries * wave;
+    typename F::Wave w;
+    w.start();
+    if (kb_first < kb_last) {
+      w.load_queries(hk::tile::GlobalMatrix<T>{head.q, head.qs.count, kD, p.ldq}, wq, head.vector);
+      hk::tile::StagedPanels<typename F::Tile, Schedule::kGroupThreads> next;
+      const auto fetch = [&](unsigned kb) HK_INLINE {
+        next.fetch(rows, head.ks.count, ld, kb * kKeys, head.vector, thread);
+      };
+      const auto store = [&](unsigned stage) HK_INLINE {
+        if (copies_k)
+          next.store(shared.k[stage], thread);
+        else
+          next.store_transposed(shared.vt[stage], thread);
+      };
+      fetch(kb_first);
+      store(0);
+      Schedule::loads_landed();  // the queries' operands, before the next block's loads start
+      if (kb_first + 1 < kb_last) fetch(kb_first + 1);
+      Schedule::phase_end();
+      Schedule::start();
+      for (unsigned kb = kb_first; kb < kb_last; ++kb) {
+        const unsigned now = (kb - kb_first) % F::kStages;
+        Schedule::memory([&]() HK_INLINE {
+          if (kb + 1 < kb_last) {
+            store(1 - now);
+            if (kb + 2 < kb_last) fetch(kb + 2);
+          }
+          w.read_keys(shared.k[now]);
+        });
+        Schedule::matrix([&]() HK_INLINE { w.score(); });
+        Schedule::memory([&]() HK_INLINE {
+          head.template logits<kKeys, F::Wave::kSlots>(
+              q0, q1, kb * kKeys, [&](unsigned slot) HK_INLINE { return wq + static_cast<int>(F::Wave::row(slot)); },
+              [&](auto g) HK_INLINE {
+                w.s.map([&](unsigned slot, unsigned, unsigned kj, float x) HK_INLINE { return g(slot, kj, x); });
+              });
+          w.softmax();
+          w.read_values(shared.vt[now]);
+        });
+        Schedule::matrix([&]() HK_INLINE { w.accumulate(); });
+      }
+      Schedule::finish();
+    }
+
+    float row_lse[F::Wave::kSlots];
+    w.finish(row_lse);
+    hk::tile::store_rows(w.o, o + static_cast<unsigned long long>(head.qs.first + wq) * p.ldo + head.h * kD,
+                         p.ldo, q1 - wq, o_vector);
+#pragma unroll
+    for (unsigned slot = 0; slot < F::Wave::kSlots; ++slot) {
+      const unsigned qi = F::Wave::row(slot);
+      if (F::Wave::first_of_row() && wq + static_cast<int>(qi) < q1)
+        lse[static_cast<unsigned long long>(head.h) * p.ld_lse + head.qs.first + wq + qi] = row_lse[slot];
+    }
+  });
+}
+#endif
 
 #if HK_SM90A
 // sm_90a, d_qk = d_v <= 128: a warp-specialised wgmma program on hk/tile/pipeline.h's ring.
@@ -374,14 +493,24 @@ HK_DEVICE void attention_forward_wgmma(T* __restrict__ o, float* __restrict__ ls
 #endif
 
 // Which program a kernel runs, and its block: the wgmma program where it exists (sm_90a,
-// d_qk = d_v <= 128), Forward's elsewhere.
+// d_qk = d_v <= 128), the ping-pong on CDNA at d_qk = d_v <= 128, Forward's elsewhere.
+// (d = 192 and 256 keep Forward on CDNA: at two waves a SIMD their outputs and operands would
+// not fit a wave's 256 registers, nor two stages of their K and V beside nothing else in 64 KiB
+// of LDS.)
 template <typename T, unsigned kD, unsigned kDv> struct Program {
   static constexpr bool kWgmma = HK_SM90A && kD == kDv && kD <= 128;
+  static constexpr bool kPingPong = HK_AMD && kD == kDv && kD <= 128;
 #if HK_SM90A
   using Wgmma = WgmmaForward<T, kD>;
   static constexpr unsigned kThreads = kWgmma ? Wgmma::kThreads : kForwardThreads;
   static constexpr unsigned kShared = kWgmma ? Wgmma::kSharedBytes : sizeof(typename Forward<T, kD, kDv>::Shared);
   static constexpr unsigned kQueries = kWgmma ? Wgmma::kQueries : Forward<T, kD, kDv>::kQueries;
+#elif HK_AMD
+  using PingPong = PingPongForward<T, kD>;
+  static constexpr unsigned kThreads = kPingPong ? PingPong::kThreads : kForwardThreads;
+  static constexpr unsigned kShared =
+      kPingPong ? sizeof(typename PingPong::Shared) : sizeof(typename Forward<T, kD, kDv>::Shared);
+  static constexpr unsigned kQueries = kPingPong ? PingPong::kQueries : Forward<T, kD, kDv>::kQueries;
 #else
   static constexpr unsigned kThreads = kForwardThreads;
   static constexpr unsigned kShared = sizeof(typename Forward<T, kD, kDv>::Shared);
@@ -391,13 +520,16 @@ template <typename T, unsigned kD, unsigned kDv> struct Program {
 
 }  // namespace
 
-// The kernels: 4 waves, or on sm_90a the wgmma program's three warpgroups, one block an SM.
+// The kernels: 4 waves, or on sm_90a the wgmma program's three warpgroups, one block an SM, or
+// on CDNA the ping-pong's 8 waves.
 #if HK_SM90A
 #define HK_ATTN_FWD_BOUNDS(T, D, DV) HK_LAUNCH_BOUNDS_MIN_BLOCKS((Program<T, D, DV>::kThreads), 1)
+#elif HK_AMD
+#define HK_ATTN_FWD_BOUNDS(T, D, DV) HK_LAUNCH_BOUNDS((Program<T, D, DV>::kThreads))
 #else
 #define HK_ATTN_FWD_BOUNDS(T, D, DV) HK_LAUNCH_BOUNDS(kForwardThreads)
 #endif
-#define HK_ATTN_FWD(name, T, D, DV, SHARED, SHARED_90A, QUERIES)                                  \
+#define HK_ATTN_FWD(name, T, D, DV, SHARED, SHARED_90A, QUERIES, AMD_QUERIES, AMD_THREADS)       \
   HK_KERNEL HK_ATTN_FWD_BOUNDS(T, D, DV) void name(                                                  \
       T* o, float* lse, const T* q, const T* k, const T* v, const int* cu_seqlens_q,              \
       const int* cu_seqlens_k, unsigned batch, unsigned total_q, unsigned total_k,               \
@@ -407,14 +539,18 @@ template <typename T, unsigned kD, unsigned kDv> struct Program {
     static_assert(HK_AMD || (Program<T, D, DV>::kWgmma ? Program<T, D, DV>::kShared == SHARED_90A \
                                                        : Program<T, D, DV>::kShared <= SHARED),   \
                   "manifests/attention.toml gives this kernel other shared memory than it uses"); \
-    static_assert((QUERIES) % Program<T, D, DV>::kQueries == 0,                                    \
+    static_assert((HK_AMD ? (AMD_QUERIES) : (QUERIES)) % Program<T, D, DV>::kQueries == 0,         \
                   "manifests/attention.toml's grid counts blocks of other queries");              \
+    static_assert(!HK_AMD || Program<T, D, DV>::kThreads == (AMD_THREADS),                        \
+                  "manifests/attention.toml gives this kernel another block on AMD");            \
     (void)batch;                                                                                  \
     (void)max_seqlen_q;                                                                           \
     const Params p{cu_seqlens_q, cu_seqlens_k, total_q, total_k, heads_q, heads_kv, ldq, ldk,     \
                    ldv, ldo, ld_lse, scale, softcap, causal, window_left, window_right};          \
     if constexpr (Program<T, D, DV>::kWgmma)                                                      \
       HK_ATTN_FWD_WGMMA(T, D);                                                                    \
+    else if constexpr (Program<T, D, DV>::kPingPong)                                              \
+      HK_ATTN_FWD_PINGPONG(T, D);                                                                 \
     else                                                                                          \
       attention_forward<T, D, DV>(o, lse, q, k, v, p);                                            \
   }
@@ -423,14 +559,19 @@ template <typename T, unsigned kD, unsigned kDv> struct Program {
 #else
 #define HK_ATTN_FWD_WGMMA(T, D) (void)0
 #endif
+#if HK_AMD
+#define HK_ATTN_FWD_PINGPONG(T, D) attention_forward_pingpong<T, D>(o, lse, q, k, v, p)
+#else
+#define HK_ATTN_FWD_PINGPONG(T, D) (void)0
+#endif
 
-// The manifest's dimensions (shared memory on NVIDIA, queries a block) are checked at compile
-// time against each program's.
-HK_ATTN_FWD(attn_fwd_d64_bf16, hk::bf16, 64, 64, 32768, 115776, 128)
-HK_ATTN_FWD(attn_fwd_d128_bf16, hk::bf16, 128, 128, 65536, 181312, 128)
-HK_ATTN_FWD(attn_fwd_d256_bf16, hk::bf16, 256, 256, 98304, 98304, 64)
-HK_ATTN_FWD(attn_fwd_d192_dv128_bf16, hk::bf16, 192, 128, 65536, 65536, 64)
-HK_ATTN_FWD(attn_fwd_d64_f16, hk::f16, 64, 64, 32768, 115776, 128)
-HK_ATTN_FWD(attn_fwd_d128_f16, hk::f16, 128, 128, 65536, 181312, 128)
-HK_ATTN_FWD(attn_fwd_d256_f16, hk::f16, 256, 256, 98304, 98304, 64)
-HK_ATTN_FWD(attn_fwd_d192_dv128_f16, hk::f16, 192, 128, 65536, 65536, 64)
+// The manifest's dimensions (shared memory on NVIDIA, queries a block, and on AMD queries and
+// threads a block) are checked at compile time against each program's.
+HK_ATTN_FWD(attn_fwd_d64_bf16, hk::bf16, 64, 64, 32768, 115776, 128, 256, 512)
+HK_ATTN_FWD(attn_fwd_d128_bf16, hk::bf16, 128, 128, 65536, 181312, 128, 256, 512)
+HK_ATTN_FWD(attn_fwd_d256_bf16, hk::bf16, 256, 256, 98304, 98304, 64, 64, 256)
+HK_ATTN_FWD(attn_fwd_d192_dv128_bf16, hk::bf16, 192, 128, 65536, 65536, 64, 64, 256)
+HK_ATTN_FWD(attn_fwd_d64_f16, hk::f16, 64, 64, 32768, 115776, 128, 256, 512)
+HK_ATTN_FWD(attn_fwd_d128_f16, hk::f16, 128, 128, 65536, 181312, 128, 256, 512)
+HK_ATTN_FWD(attn_fwd_d256_f16, hk::f16, 256, 256, 98304, 98304, 64, 64, 256)
+HK_ATTN_FWD(attn_fwd_d192_dv128_f16, hk::f16, 192, 128, 65536, 65536, 64, 64, 256)

@@ -23,11 +23,13 @@ head), Q, K and V drawn uniformly from [-1, 1] and rounded to the element type:
   (leaving it out would move the LSE by hundreds of its bounds here); Q, K and V rows padded by
   3 elements (not 16-byte aligned: the element-by-element copies), O's by 2 (the element path
   of the output, see below).
-Each d_qk also runs one sequence of two query blocks, the second a tail ((130, 140) for the
-128-query blocks of d_qk <= 128, (70, 75) for the 64-query blocks of 192 and 256), causal in a
-window of 40 keys (the second block skips the first key blocks), with GQA over 2 key heads (4
-query heads): f16 for d = 64 and 256, bf16 for 128 and 192. All of it takes about 35 s (the
-first launch of a target compiles the emulator's instructions: ~10 s).
+Each d_qk also runs one sequence of two query blocks, the second a tail ((300, 310) for the
+256-query blocks of the 8-wave ping-pong at d_qk = d_v <= 128, (70, 75) for the 64-query blocks
+of 192 and 256), causal in a window of 40 keys (the second block skips the first key blocks),
+with GQA over 2 key heads (4 query heads): f16 for d = 64 and 256, bf16 for 128 and 192; and
+the same once more with max_seqlen_q = 1, whose grid has one block along x that strides over
+both query blocks (the ping-pong's groups start and end a query block in step). All of it takes
+about a minute (the first launch of a target compiles the emulator's instructions: ~10 s).
 
 Each case checks O and the LSE against the bound of tests/src/kernels/attention.rs (o_abs,
 lse_abs + 2^-23 |lse|; an infinite reference takes only itself), that every element between O's
@@ -220,8 +222,9 @@ def attend(np, q, k, v, span, h, group, dims, mask, scale, softcap):
 
 def check(np, run_asm, co, meta, kernels, case, rng):
     """One case: (ty, (d, dv), seqs, (heads_q, heads_kv), (causal, left, right), softcap,
-    (pad of Q/K/V rows, pad of O rows)). Returns (ok, worst / bound, label)."""
-    ty, (d, dv), seqs, (heads_q, heads_kv), mask, softcap, (pad, pad_o) = case
+    (pad of Q/K/V rows, pad of O rows), max_seqlen_q or None for the longest sequence's).
+    Returns (ok, worst / bound, label)."""
+    ty, (d, dv), seqs, (heads_q, heads_kv), mask, softcap, (pad, pad_o), max_q = case
     name = kernel_name(ty, d, dv)
     causal, left, right = mask
     cu_q, cu_k = [0], [0]
@@ -264,7 +267,7 @@ def check(np, run_asm, co, meta, kernels, case, rng):
     pointers = [(o.address, ty, o.n), (lse.address, "f32", lse.n), (q.address, ty, q.n),
                 (k.address, ty, k.n), (v.address, ty, v.n), (cus[0].address, "i32", batch + 1),
                 (cus[1].address, "i32", batch + 1)]
-    max_seqlen_q = max(max(sq for sq, _ in seqs), 1)
+    max_seqlen_q = max_q or max(max(sq for sq, _ in seqs), 1)
     counts = [batch, total_q, total_k, max_seqlen_q, heads_q, heads_kv, ldq, ldk, ldv, ldo, ld_lse]
     tail = [int(causal), left, right]
     grid, block = gemm_emu.launch_shape(kernels, name, pointers, counts + [scale, cap] + tail, 1)
@@ -310,7 +313,7 @@ def check(np, run_asm, co, meta, kernels, case, rng):
     if softcap > 0:
         what += f" softcap={softcap:g}"
     label = (f"{name} seqs=[{lengths}] heads={heads_q}/{heads_kv} {what or 'no mask'} "
-             f"pad={pad}/{pad_o} grid={grid} ({empty} rows see no key)")
+             f"pad={pad}/{pad_o} grid={grid} block={block[0]} ({empty} rows see no key)")
     check.last = {"o_bad": ~(o_err <= o_abs), "o": from_bits(np, o.view.copy(), ty), "o_want": o_want,
                   "ldo": ldo, "address": o.address, "o_abs": o_abs, "lse_ok": bool((lse_err <= lse_bound).all())}
     return ok, worst, label
@@ -332,14 +335,15 @@ def cases():
     out = []
     for dims in DIMS:
         for ty in ("bf16", "f16"):
-            out.append((ty, dims, [(5, 37), (33, 33), (17, 3)], (2, 1), (True, -1, -1), 0.0, (8, 8)))
-            out.append((ty, dims, [(33, 33), (5, 70)], (2, 1), (False, 9, 2), 1.0, (3, 2)))
-    # Two query blocks of one sequence (128 queries a block; 64 for d_qk > 128), the second a
-    # tail, GQA over two key heads, causal within a window of 40 keys (the second block skips
-    # the first key blocks).
+            out.append((ty, dims, [(5, 37), (33, 33), (17, 3)], (2, 1), (True, -1, -1), 0.0, (8, 8), None))
+            out.append((ty, dims, [(33, 33), (5, 70)], (2, 1), (False, 9, 2), 1.0, (3, 2), None))
+    # Two query blocks of one sequence (256 queries a block in the ping-pong, d_qk = d_v <= 128;
+    # 64 for d_qk > 128), the second a tail, GQA over two key heads, causal within a window of 40
+    # keys (the second block skips the first key blocks); then with one block along x for both.
     for i, dims in enumerate(DIMS):
-        seq = (130, 140) if dims[0] <= 128 else (70, 75)
-        out.append(("f16" if i % 2 == 0 else "bf16", dims, [seq], (4, 2), (True, 40, -1), 0.0, (8, 8)))
+        seq = (300, 310) if dims[0] <= 128 else (70, 75)
+        for max_q in (None, 1):
+            out.append(("f16" if i % 2 == 0 else "bf16", dims, [seq], (4, 2), (True, 40, -1), 0.0, (8, 8), max_q))
     return out
 
 
@@ -406,7 +410,7 @@ def main():
                 print(f"{'PASS' if ok else 'FAIL'} {target} {label}  worst {worst:.3f} of the bound"
                       f"  ({time.monotonic() - start:.1f} s){mark(case)}", flush=True)
             # O's rows at an odd stride: judged by what the emulator's store fault explains (docstring).
-            case = ("bf16", (64, 64), [(33, 33), (5, 70)], (2, 1), (False, 9, 2), 1.0, (3, 3))
+            case = ("bf16", (64, 64), [(33, 33), (5, 70)], (2, 1), (False, 9, 2), 1.0, (3, 3), None)
             ok, worst, label = check(np, run_asm, co, meta, kernels, case, rng)
             wrong, explained = store_fault_explains(np, check.last)
             fine = explained == wrong and check.last["lse_ok"]

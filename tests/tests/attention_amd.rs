@@ -1,9 +1,11 @@
 //! The attention module (flash attention forward, `kernels/attention.hip`) on AMD, statically
 //! (no AMD GPU runs here): built alone by the real hkpack for gfx90a, gfx942 and gfx950, every
-//! kernel must fit its target without spills or scratch, keep one block's Q, K and V tiles in LDS
-//! under the target's limit, and contain the MFMA instructions of its element type, as many as one
-//! walk of its key loop needs (read back by `llvm-objdump --mcpu=<target>`, not taken from our
-//! own metadata).
+//! kernel must fit its target without spills or scratch, keep its LDS tiles under the target's
+//! limit, and contain the MFMA instructions of its element type, as many as one walk of its key
+//! loop needs (read back by `llvm-objdump --mcpu=<target>`, not taken from our own metadata).
+//! The d = 64 and 128 kernels run the 8-wave ping-pong (`hk/tile/pingpong.h`): their key loop
+//! must hold its four clusters, each ending at `s_barrier`, the two matrix clusters MFMAs alone
+//! at raised priority (`s_setprio 1` .. `s_setprio 0`), the scores' and P·V's.
 //!
 //! The backward module (`kernels/attention_backward.hip`: delta, dQ and dK/dV) likewise: built
 //! alone, no spills or scratch, LDS of its own rows' two tiles and one stage of the rows it walks
@@ -61,10 +63,30 @@ const KERNELS: [(&str, usize, usize); 8] = [
     ("attn_fwd_d192_dv128_f16", 192, 128),
 ];
 
-/// Keys a block walks at a time (`Forward::kKeys`).
+/// Keys a block walks at a time (`Forward::kKeys`, `PingPongForward::kKeys`).
 const KEYS: usize = 32;
-/// Waves a block (`kForwardThreads / wave size`).
-const WAVES: usize = 4;
+
+/// Whether a kernel runs the 8-wave ping-pong on AMD (`Program::kPingPong`: d_qk = d_v <= 128).
+fn ping_pong(d_qk: usize, d_v: usize) -> bool {
+    d_qk == d_v && d_qk <= 128
+}
+
+/// Waves a block: the ping-pong's 8 (two a SIMD), Forward's 4 (`kForwardThreads`).
+fn waves(d_qk: usize, d_v: usize) -> usize {
+    if ping_pong(d_qk, d_v) { 8 } else { 4 }
+}
+
+/// One block's LDS (static on AMD), 2-byte elements: the ping-pong's two stages of K and V (Q's
+/// operands are loaded straight into registers), or Forward's Q tile of its queries and one
+/// stage of K and V (the next block staged in registers).
+fn lds_bytes(d_qk: usize, d_v: usize) -> usize {
+    if ping_pong(d_qk, d_v) {
+        2 * 2 * KEYS * (d_qk + d_v)
+    } else {
+        let queries = 16 * query_tiles(d_qk) * waves(d_qk, d_v);
+        2 * (queries * d_qk + KEYS * (d_qk + d_v))
+    }
+}
 
 /// Tiles of 16 queries a wave holds (`Forward::kQueryTiles` on AMD): 2 where the outputs fit its
 /// registers (d_qk <= 128), else 1.
@@ -152,10 +174,8 @@ fn attention_fits_every_amd_target_and_uses_its_mfma() {
     };
     for record in &records {
         let (d_qk, d_v) = dims(&record.symbol);
-        // One block's LDS (Forward::Shared, static on AMD): its queries' Q tile and one stage of
-        // K and V (AMD stages the next block in registers), 2-byte elements.
-        let queries = 16 * query_tiles(d_qk) * WAVES;
-        let lds = 2 * (queries * d_qk + KEYS * (d_qk + d_v));
+        let lds = lds_bytes(d_qk, d_v);
+        let threads = 64 * waves(d_qk, d_v) as u32;
         for &(target, lds_limit, ..) in &TARGETS {
             let target: TargetId = target.parse().unwrap();
             let abi = record
@@ -177,7 +197,21 @@ fn attention_fits_every_amd_target_and_uses_its_mfma() {
             );
             assert_eq!(
                 abi.group_segment_size as usize, lds,
-                "{} on {target}: LDS other than its Q tile and one K and V stage",
+                "{} on {target}: LDS other than its program's tiles",
+                record.symbol
+            );
+            // The block the contract launches, and the registers that allow it: a SIMD's 512 a
+            // lane (VGPRs and AGPRs) shared by its waves (two of the ping-pong's).
+            assert_eq!(
+                abi.max_flat_workgroup_size, threads,
+                "{} on {target}: a block other than its program's",
+                record.symbol
+            );
+            let registers = abi.vgpr_count.expect("AMD code objects count their VGPRs")
+                + abi.agpr_count.unwrap_or(0);
+            assert!(
+                registers as usize <= 512 / (threads as usize / 256),
+                "{} on {target}: {registers} registers a lane, too many for {threads} threads",
                 record.symbol
             );
         }
@@ -237,8 +271,108 @@ fn attention_fits_every_amd_target_and_uses_its_mfma() {
                 "{symbol} on {target}: {from_zero} MFMAs add to 0, expected one per score tile"
             );
             assert_in_one_loop(&code, &mfmas, symbol, target);
+            if ping_pong(d_qk, d_v) {
+                assert_ping_pong(&code, &mfmas, [score, pv], symbol, target);
+            }
         }
     }
+}
+
+/// Asserts the ping-pong's schedule in the key loop (the back edge after the last of `mfmas`,
+/// to its target): four clusters a trip, each ending at `s_barrier`; two of them matrix
+/// clusters, `s_setprio 1` right after a barrier up to `s_setprio 0` right before the next, that
+/// hold MFMAs and nothing else (their operands already in registers: no LDS or memory access, no
+/// VALU), `counts` of them in some order (the scores', P·V's); and every MFMA in one of them.
+/// Around the loop, the groups' offset: besides the prologue's barrier, one barrier before the
+/// loop and one after it that a branch skips (taken by one group of waves each).
+fn assert_ping_pong(
+    code: &[Instruction],
+    mfmas: &[&Instruction],
+    counts: [usize; 2],
+    symbol: &str,
+    target: &str,
+) {
+    let last = mfmas[mfmas.len() - 1].offset;
+    let (top, bottom) = code
+        .iter()
+        .filter(|i| i.mnemonic.contains("branch") && i.offset > last)
+        .find_map(|i| {
+            i.target
+                .filter(|&t| t <= mfmas[0].offset)
+                .map(|t| (t, i.offset))
+        })
+        .unwrap_or_else(|| panic!("{symbol} on {target}: no key loop around its MFMAs"));
+    let body: Vec<&Instruction> = code
+        .iter()
+        .filter(|i| (top..=bottom).contains(&i.offset))
+        .collect();
+    let barriers = body.iter().filter(|i| i.mnemonic == "s_barrier").count();
+    assert_eq!(
+        barriers, 4,
+        "{symbol} on {target}: {barriers} s_barrier in the key loop, expected one a cluster (4)"
+    );
+    let mut clusters = Vec::new();
+    for (at, i) in body.iter().enumerate() {
+        if !(i.mnemonic == "s_setprio" && i.operands == "1") {
+            continue;
+        }
+        let len = body[at + 1..]
+            .iter()
+            .position(|i| i.mnemonic == "s_setprio")
+            .unwrap_or_else(|| panic!("{symbol} on {target}: s_setprio 1 never lowered"));
+        let end = at + 1 + len;
+        assert_eq!(
+            (
+                body[at - 1].mnemonic,
+                body[end].operands,
+                body.get(end + 1).map(|i| i.mnemonic)
+            ),
+            ("s_barrier", "0", Some("s_barrier")),
+            "{symbol} on {target}: a matrix cluster at {:#x} not between two barriers",
+            i.offset
+        );
+        let inside = &body[at + 1..end];
+        assert!(
+            inside.iter().all(|i| i.mnemonic.starts_with("v_mfma")),
+            "{symbol} on {target}: a matrix cluster at {:#x} holds other instructions than MFMAs",
+            i.offset
+        );
+        clusters.push(inside.len());
+    }
+    let outside: Vec<usize> = (0..code.len())
+        .filter(|&at| {
+            code[at].mnemonic == "s_barrier" && !(top..=bottom).contains(&code[at].offset)
+        })
+        .collect();
+    let skipped = |at: &usize| {
+        let branch = &code[at - 1];
+        branch.mnemonic.starts_with("s_cbranch")
+            && code.get(at + 1).map(|next| next.offset) == branch.target
+    };
+    let (before, after) = (
+        outside
+            .iter()
+            .filter(|&&at| code[at].offset < top && skipped(&at))
+            .count(),
+        outside
+            .iter()
+            .filter(|&&at| code[at].offset > bottom && skipped(&at))
+            .count(),
+    );
+    assert_eq!(
+        (outside.len(), before, after),
+        (3, 1, 1),
+        "{symbol} on {target}: barriers outside the key loop other than the prologue's and the \
+         groups' offset (one skipped by a branch before the loop, one after)"
+    );
+    clusters.sort_unstable();
+    let mut want = counts;
+    want.sort_unstable();
+    assert_eq!(
+        clusters, want,
+        "{symbol} on {target}: matrix clusters of {clusters:?} MFMAs, expected {want:?}"
+    );
+    assert_eq!(clusters.iter().sum::<usize>(), mfmas.len());
 }
 
 #[test]

@@ -863,7 +863,8 @@ fn every_attention_requirement_is_enforced_on_both_sides_of_its_boundary() {
     // block of the longest sequence, per query head and per sequence; Q and two K/V stages in
     // dynamic shared memory on NVIDIA, static LDS on AMD. On compute capability 9.0 the sm_90a
     // code runs, and at d = 64 and 128 that is the wgmma program: three warpgroups, Q and
-    // three stages of K and V (kernels/attention.hip checks the sizes at compile time).
+    // three stages of K and V; on AMD at d = 64 and 128 the 8-wave ping-pong, 256 queries a
+    // block (kernels/attention.hip checks the sizes at compile time).
     let (_, amd) = simulated("gfx942:sramecc+:xnack-");
     let (_, ampere) = simulated("sm_80");
     let values = [
@@ -884,7 +885,8 @@ fn every_attention_requirement_is_enforced_on_both_sides_of_its_boundary() {
     for (symbol, device, want) in [
         ("attn_fwd_d128_bf16", &device, ([3, 8, 3], 384, 181312)),
         ("attn_fwd_d128_bf16", &ampere, ([3, 8, 3], 128, 65536)),
-        ("attn_fwd_d128_bf16", &amd, ([3, 8, 3], 256, 0)),
+        ("attn_fwd_d128_bf16", &amd, ([2, 8, 3], 512, 0)),
+        ("attn_fwd_d256_f16", &amd, ([5, 8, 3], 256, 0)),
         ("attn_fwd_d256_f16", &device, ([5, 8, 3], 128, 98304)),
         ("attn_fwd_d64_f16", &device, ([3, 8, 3], 384, 115776)),
         ("attn_fwd_d64_f16", &ampere, ([3, 8, 3], 128, 32768)),

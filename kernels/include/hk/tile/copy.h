@@ -257,6 +257,23 @@ template <class Tile, unsigned kThreads> struct StagedCopy {
       *reinterpret_cast<u32x4*>(s.at(row, col)) = chunk[i];
     }
   }
+
+  // store() into a tile that holds the block transposed: element (row, col) of the block at
+  // t.at(col0 + col, row), for a block that is columns col0 .. of a wider one.
+  template <class Transposed>
+  HK_DEVICE void store_transposed(Transposed& t, unsigned col0, unsigned thread) const {
+    using T = typename Tile::Element;
+#pragma unroll
+    for (unsigned i = 0; i < kPerThread; ++i) {
+      const unsigned at = thread + i * kThreads;
+      if (Deal::skip(at)) break;
+      const unsigned row = at / Tile::kChunksPerRow;
+      const unsigned col = col0 + at % Tile::kChunksPerRow * Tile::kChunk;
+      const auto elements = __builtin_bit_cast(Vec16<T>, chunk[i]);
+#pragma unroll
+      for (unsigned e = 0; e < Tile::kChunk; ++e) *t.at(col + e, row) = elements.elem[e];
+    }
+  }
 };
 
 }  // namespace hk::tile

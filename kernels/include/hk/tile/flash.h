@@ -117,19 +117,28 @@ HK_DEVICE void copy_panels(Tile& to, const T* data, unsigned rows, unsigned ld, 
 
 // A block of rows in flight through registers (AMD's double buffer): fetch() starts the loads,
 // store() writes them to the shared tile once its previous readers are done.
+// `thread` is the caller's index among the kThreads threads that copy the block.
 template <class Tile, unsigned kThreads> struct StagedPanels {
   StagedCopy<typename Tile::Panel, kThreads> panel[Tile::kPanels];
 
   template <typename T>
-  HK_DEVICE void fetch(const T* data, unsigned rows, unsigned ld, unsigned row0, bool vector) {
+  HK_DEVICE void fetch(const T* data, unsigned rows, unsigned ld, unsigned row0, bool vector,
+                       unsigned thread = thread_idx_x()) {
 #pragma unroll
     for (unsigned p = 0; p < Tile::kPanels; ++p)
       panel[p].fetch(GlobalMatrix<T>{data + Tile::kPanelCols * p, rows, Tile::kPanelCols, ld},
-                     row0, 0, thread_idx_x(), vector);
+                     row0, 0, thread, vector);
   }
-  HK_DEVICE void store(Tile& to) const {
+  HK_DEVICE void store(Tile& to, unsigned thread = thread_idx_x()) const {
 #pragma unroll
-    for (unsigned p = 0; p < Tile::kPanels; ++p) panel[p].store(to.panel[p], thread_idx_x());
+    for (unsigned p = 0; p < Tile::kPanels; ++p) panel[p].store(to.panel[p], thread);
+  }
+  // store() transposed: the block's element (row, col) at to.at(col, row).
+  template <class Transposed>
+  HK_DEVICE void store_transposed(Transposed& to, unsigned thread = thread_idx_x()) const {
+#pragma unroll
+    for (unsigned p = 0; p < Tile::kPanels; ++p)
+      panel[p].store_transposed(to, Tile::kPanelCols * p, thread);
   }
 };
 
@@ -277,6 +286,94 @@ template <unsigned kOwnTiles> struct OwnRows {
   }
 };
 
+#if HK_AMD
+// ---- Operands in registers (AMD) ----------------------------------------------------------------
+// RowScores and RowSums read their operands from shared tiles as they multiply. Under
+// hk/tile/pingpong.h's schedule a wave instead reads them into registers in a memory cluster
+// and multiplies them in the next matrix cluster; these hold them, in the layouts of
+// hk/tile/mfma.h (A and B of a [row][k] matrix read alike).
+
+// The order of other rows in Y += X·M's operands (RowSums): element e of a lane's operand in
+// step `step` is other row other(step, e), held in X's accumulator block block(step, e) as
+// element e % 4.
+template <typename T> struct TransposedOrder {
+  static constexpr unsigned kPerLane = MmaAtom<T>::kPerLane;
+  static HK_DEVICE unsigned block(unsigned step, unsigned e) { return step * (kPerLane / 4) + e / 4; }
+  static HK_DEVICE unsigned other(unsigned step, unsigned e, unsigned lane) {
+    return 16 * block(step, e) + 4 * (lane / 16) + e % 4;
+  }
+};
+
+// A wave's operands of 16 kTiles rows by kDepth columns of a row-major matrix: its own rows
+// (queries) loaded once from global memory, or a block's other rows (keys) read from a stage.
+template <typename T, unsigned kTiles, unsigned kDepth> struct RowOperands {
+  using Atom = MmaAtom<T>;
+  using Operand = typename Atom::Operand;
+  static constexpr unsigned kSteps = kDepth / Atom::kK;
+  static_assert(kSteps * Atom::kK == kDepth, "whole atoms of depth");
+  Operand v[kTiles][kSteps];
+
+  template <class Tile> HK_DEVICE void read(const Tile& t) {
+#pragma unroll
+    for (unsigned i = 0; i < kTiles; ++i)
+#pragma unroll
+      for (unsigned d = 0; d < kSteps; ++d) v[i][d] = Atom::load_a(t, 16 * i, Atom::kK * d).v;
+  }
+
+  // Rows [row0, row0 + 16 kTiles) of g, zeros past its last row: an 8- or 16-byte load an
+  // operand where `vector` (g's rows 16-byte aligned), element by element otherwise.
+  HK_DEVICE void load(const GlobalMatrix<T>& g, unsigned row0, bool vector) {
+    const unsigned l = lane_id();
+#pragma unroll
+    for (unsigned i = 0; i < kTiles; ++i) {
+      const unsigned r = row0 + 16 * i + l % 16;
+#pragma unroll
+      for (unsigned d = 0; d < kSteps; ++d) {
+        const T* src = g.row(r) + Atom::kK * d + Atom::kPerLane * (l / 16);
+        Operand x = {};
+        if (r < g.rows) {
+          if (vector) {
+            x = *reinterpret_cast<const Operand*>(src);
+          } else {
+#pragma unroll
+            for (unsigned e = 0; e < Atom::kPerLane; ++e) x[e] = src[e];
+          }
+        }
+        v[i][d] = x;
+      }
+    }
+  }
+};
+
+// Mᵀ's operands for Y += X·M, in TransposedOrder, read from a shared tile that holds M
+// transposed, Mᵀ [column][other] (kCols rows of kOthers): every four other rows of a lane's
+// operand are consecutive there, one 8-byte read. (From M as stored, [other][column], each
+// element is a 2-byte read with its own swizzled address, whose VALU outweighed the softmax's:
+// CDNA has no transposing LDS read before gfx950.)
+template <typename T, unsigned kOthers, unsigned kCols> struct TransposedOperands {
+  using Atom = MmaAtom<T>;
+  static constexpr unsigned kSteps = kOthers / Atom::kK;
+  using Quad = T __attribute__((ext_vector_type(4)));
+  typename Atom::Operand v[kSteps][kCols / 16];
+
+  template <class Tile> HK_DEVICE void read(const Tile& mt) {
+    static_assert(Tile::kRows == kCols && Tile::kCols == kOthers, "Mᵀ: a row a column of M");
+    const unsigned l = lane_id();
+#pragma unroll
+    for (unsigned step = 0; step < kSteps; ++step)
+#pragma unroll
+      for (unsigned n = 0; n < kCols / 16; ++n)
+#pragma unroll
+        for (unsigned e = 0; e < Atom::kPerLane; e += 4) {
+          const Quad q = *reinterpret_cast<const Quad*>(
+              mt.at(16 * n + l % 16, TransposedOrder<T>::other(step, e, l)));
+#pragma unroll
+          for (unsigned i = 0; i < 4; ++i) v[step][n][e + i] = q[i];
+        }
+  }
+};
+#endif
+
 // X = Own·Otherᵀ for a wave's 16 kOwnTiles own rows and a block of kOthers other rows (see the
 // header), f32.
 template <typename T, unsigned kOwnTiles, unsigned kOthers> struct RowScores : OwnRows<kOwnTiles> {
@@ -309,6 +406,22 @@ template <typename T, unsigned kOwnTiles, unsigned kOthers> struct RowScores : O
     }
   }
 
+#if HK_AMD
+  // x = own·otherᵀ from operands in registers (AMD): own's rows by other's, kDepth deep.
+  template <unsigned kDepth>
+  HK_DEVICE void compute(const RowOperands<T, kOwnTiles, kDepth>& own,
+                         const RowOperands<T, kOthers / 16, kDepth>& other) {
+    x.zero();
+#pragma unroll
+    for (unsigned d = 0; d < kDepth / Atom::kK; ++d)
+#pragma unroll
+      for (unsigned j = 0; j < kOthers / 16; ++j)
+#pragma unroll
+        for (unsigned i = 0; i < kOwnTiles; ++i)
+          Atom::mma(x.tile[j][i], typename Atom::A{other.v[j][d]}, typename Atom::B{own.v[i][d]});
+  }
+#endif
+
   // Replaces each of the lane's values v with f(slot, own, other, v), own relative to the
   // wave's first row and other to the block's. (By value: AMD's accumulators are vectors, whose
   // elements bind to no reference.)
@@ -327,6 +440,25 @@ template <typename T, unsigned kOwnTiles, unsigned kOthers> struct RowScores : O
     });
   }
 };
+
+#if HK_AMD
+// X's values as the operands of Y += X·M (AMD), converted to T in TransposedOrder.
+template <typename T, unsigned kOwnTiles, unsigned kOthers> struct ScoreOperands {
+  using Atom = MmaAtom<T>;
+  static constexpr unsigned kSteps = kOthers / Atom::kK;
+  typename Atom::Operand v[kSteps][kOwnTiles];
+
+  HK_DEVICE void convert(const RowScores<T, kOwnTiles, kOthers>& xs) {
+#pragma unroll
+    for (unsigned step = 0; step < kSteps; ++step)
+#pragma unroll
+      for (unsigned e = 0; e < Atom::kPerLane; ++e)
+#pragma unroll
+        for (unsigned i = 0; i < kOwnTiles; ++i)
+          v[step][i][e] = static_cast<T>(xs.x.tile[TransposedOrder<T>::block(step, e)][i].v[e % 4]);
+  }
+};
+#endif
 
 // Y += X·M for a wave's 16 kOwnTiles own rows and kCols columns, f32, with X a RowScores in
 // registers and M a shared tile [other][column] (see the header).
@@ -372,11 +504,11 @@ template <typename T, unsigned kOwnTiles, unsigned kCols> struct RowSums : OwnRo
       unsigned other[kPer];  // the step's other rows in this lane's operand order
 #pragma unroll
       for (unsigned e = 0; e < kPer; ++e) {
-        const unsigned block = step * (kPer / 4) + e / 4;
+        const unsigned block = TransposedOrder<T>::block(step, e);
 #pragma unroll
         for (unsigned i = 0; i < kOwnTiles; ++i)
           b[i].v[e] = static_cast<T>(x.tile[block][i].v[e % 4]);
-        other[e] = 16 * block + 4 * (l / 16) + e % 4;
+        other[e] = TransposedOrder<T>::other(step, e, l);
       }
 #pragma unroll
       for (unsigned n = 0; n < kCols / 16; ++n) {
@@ -389,6 +521,21 @@ template <typename T, unsigned kOwnTiles, unsigned kCols> struct RowSums : OwnRo
     }
 #endif
   }
+
+#if HK_AMD
+  // Y += X·M from operands in registers (AMD).
+  template <unsigned kOthers>
+  HK_DEVICE void add(const ScoreOperands<T, kOwnTiles, kOthers>& x,
+                     const TransposedOperands<T, kOthers, kCols>& mt) {
+#pragma unroll
+    for (unsigned step = 0; step < kOthers / Atom::kK; ++step)
+#pragma unroll
+      for (unsigned n = 0; n < kCols / 16; ++n)
+#pragma unroll
+        for (unsigned i = 0; i < kOwnTiles; ++i)
+          Atom::mma(y.tile[n][i], typename Atom::A{mt.v[step][n]}, typename Atom::B{x.v[step][i]});
+  }
+#endif
 
   // Replaces each of the lane's values v with f(slot, own, column, v).
   template <typename F> HK_DEVICE void map(F f) {
@@ -502,5 +649,37 @@ struct FlashWave : OwnRows<kQueryTiles> {
     o.map([&](unsigned q, unsigned, unsigned, float x) HK_INLINE { return x * inv[q]; });
   }
 };
+
+#if HK_AMD
+// FlashWave for hk/tile/pingpong.h's schedule (AMD): every product's operands are in registers
+// before the matrix cluster that multiplies them, read in the memory cluster before it. The
+// queries' operands are loaded once a query block straight from global memory (Q takes no LDS),
+// the keys' (read_keys, from K [key][d]) and values' (read_values, from Vᵀ [d][key]) from a
+// stage, and softmax() leaves P as the operands of O += P·V.
+template <typename T, unsigned kQueryTiles, unsigned kKeys, unsigned kD, unsigned kDv>
+struct RegisterFlashWave : FlashWave<T, kQueryTiles, kKeys, kD, kDv> {
+  using Base = FlashWave<T, kQueryTiles, kKeys, kD, kDv>;
+  RowOperands<T, kQueryTiles, kD> q;
+  RowOperands<T, kKeys / 16, kD> k;
+  TransposedOperands<T, kKeys, kDv> v;
+  ScoreOperands<T, kQueryTiles, kKeys> p;
+
+  // The queries of rows [row0, row0 + kQueries) of g ([query][d]).
+  HK_DEVICE void load_queries(const GlobalMatrix<T>& g, unsigned row0, bool vector) {
+    q.load(g, row0, vector);
+  }
+  template <class KTile> HK_DEVICE void read_keys(const KTile& t) { k.read(t); }
+  template <class VtTile> HK_DEVICE void read_values(const VtTile& t) { v.read(t); }
+
+  // The matrix clusters: s = the scores of the queries against the keys read, and o += P·V.
+  HK_DEVICE void score() { this->s.template compute<kD>(q, k); }
+  HK_DEVICE void accumulate() { this->o.add(p, v); }
+
+  HK_DEVICE void softmax() {
+    Base::softmax();
+    p.convert(this->s);
+  }
+};
+#endif
 
 }  // namespace hk::tile

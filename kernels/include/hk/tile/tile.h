@@ -16,6 +16,8 @@
 // and, included by the kernels that use it:
 //   hk/tile/flash.h     attention's wave products (RowScores, RowSums), online softmax
 //                       (FlashWave), masks, packed sequences and the walk over blocks of rows
+//   hk/tile/pingpong.h  CDNA's 8-wave ping-pong: two groups of waves alternating matrix and
+//                       memory clusters between block barriers
 // and, for sm_90a code only, included by the kernels that use them:
 //   hk/tile/wgmma.h     Hopper's warpgroup matrix instruction over swizzled shared tiles
 //   hk/tile/pipeline.h  the warp-specialised stage ring (producer and consumer warpgroups,
