@@ -35,9 +35,6 @@ const GPUS: [&str; 9] = [
     "sm_120",
 ];
 
-/// The modules whose manifests ask for the architecture-specific sm_90a (`arch_specific`).
-const SM_90A_MODULES: [&str; 3] = ["attention", "gemm", "gemm_a8w8"];
-
 /// Whether module `module` is built for `target` unless it skips it: an architecture-specific
 /// target only if the module asks for it.
 fn asks_for(module: &str, target: &TargetId) -> bool {

@@ -84,10 +84,12 @@ fn each_device_gets_the_entry_the_rocm_and_cuda_rules_pick() {
             built += 1;
             // On sm_90 the modules built for sm_90a too (the BF16 and int8 GEMMs, attention)
             // run that code first.
-            let expected = match (device_id, choice.module.as_str()) {
-                ("sm_90", "gemm" | "gemm_a8w8" | "attention") => "cuda-nvptx64-nvidia-cuda-sm_90a",
-                _ => expected,
-            };
+            let expected =
+                if device_id == "sm_90" && SM_90A_MODULES.contains(&choice.module.as_str()) {
+                    "cuda-nvptx64-nvidia-cuda-sm_90a"
+                } else {
+                    expected
+                };
             assert_eq!(
                 entry.to_string(),
                 expected,

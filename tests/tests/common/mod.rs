@@ -45,6 +45,10 @@ pub fn options(manifests: &Path, out: &Path, cache: &Path) -> BuildOptions {
     }
 }
 
+/// The repository's modules whose manifests ask for the architecture-specific sm_90a
+/// (`arch_specific`): the expectation the build and load tests hold the bundle to.
+pub const SM_90A_MODULES: [&str; 4] = ["attention", "attention_backward", "gemm", "gemm_a8w8"];
+
 /// The repository's kernels built once per test binary into a private folder, compressed
 /// and plain: `(compressed bundle folder, plain bundle folder)`.
 pub fn repo_bundles() -> &'static (PathBuf, PathBuf) {
