@@ -281,12 +281,18 @@ fn every_moe_routing_requirement_is_enforced_on_both_sides_of_its_boundary() {
     launched(grouped(256, 8, 4, 8));
     refused(grouped(256, 0, 1, 8), &["n_group must be 1 to 32"]);
     launched(grouped(64, 32, 4, 8));
-    refused(grouped(66, 33, 4, 8), &["n_group must be 1 to 32", "n_group = 33"]);
+    refused(
+        grouped(66, 33, 4, 8),
+        &["n_group must be 1 to 32", "n_group = 33"],
+    );
     refused(
         grouped(252, 8, 4, 8),
         &["n_group must divide experts", "experts = 252, n_group = 8"],
     );
-    refused(grouped(32, 32, 4, 2), &["groups must hold at least 2 experts"]);
+    refused(
+        grouped(32, 32, 4, 2),
+        &["groups must hold at least 2 experts"],
+    );
     launched(grouped(256, 8, 8, 8));
     refused(grouped(256, 8, 9, 8), &["topk_group must be 1 to n_group"]);
     refused(grouped(256, 8, 0, 8), &["topk_group must be 1 to n_group"]);
@@ -1226,9 +1232,9 @@ fn every_attention_backward_requirement_is_enforced_on_both_sides_of_its_boundar
 }
 
 /// Kernels whose grids grow with their rows (the norms, softmax, per-token and block
-/// quantization, top-k) take every row count a u32 holds, on both vendors: their blocks stride
-/// over the rows, so the grid stops growing at 2^20 blocks instead of passing a device's limit
-/// (2^31 rows of RMSNorm were refused on AMD, u32::MAX rows of top-k everywhere). The buffers
+/// quantization, top-k, MoE routing) take every row count a u32 holds, on both vendors: their
+/// blocks stride over the rows, so the grid stops growing at 2^20 blocks instead of passing a
+/// device's limit (2^31 rows of RMSNorm were refused on AMD, u32::MAX rows of top-k everywhere). The buffers
 /// such calls need do not fit in memory, so they are described, not allocated: only the launch
 /// shape is asked for, and nothing is launched.
 #[test]
@@ -1264,7 +1270,10 @@ fn row_kernels_launch_for_every_row_count() {
                     ],
                 ),
             ] {
-                let values: Vec<_> = values.into_iter().chain([("rows", rows), ("tokens", rows)]).collect();
+                let values: Vec<_> = values
+                    .into_iter()
+                    .chain([("rows", rows), ("tokens", rows)])
+                    .collect();
                 let args = described_args(&bundle, symbol, &values);
                 let dims = loaded.kernel(symbol).unwrap().launch_shape(&args);
                 let dims = dims.unwrap_or_else(|e| panic!("{symbol}, {rows} rows, {target}: {e}"));

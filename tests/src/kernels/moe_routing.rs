@@ -54,7 +54,10 @@ fn decisive(values: &[f64], order: &[usize], decided: usize) -> bool {
 pub fn topk_softmax(logits: &[f64], k: usize, renormalize: bool) -> Vec<(usize, f64)> {
     let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let exps: Vec<f64> = logits.iter().map(|&x| (x - max).exp()).collect();
-    let chosen: Vec<usize> = ranked(logits, 0..logits.len()).into_iter().take(k).collect();
+    let chosen: Vec<usize> = ranked(logits, 0..logits.len())
+        .into_iter()
+        .take(k)
+        .collect();
     let sum: f64 = if renormalize {
         chosen.iter().map(|&e| exps[e]).sum()
     } else {
@@ -88,7 +91,10 @@ pub fn grouped_topk(logits: &[f64], bias: &[f64], g: Grouping) -> (Vec<(usize, f
     let groups = ranked(&group_value, 0..g.n_group);
     decided &= decisive(&group_value, &groups, g.topk_group);
     let kept = &groups[..g.topk_group];
-    let order = ranked(&choice, (0..logits.len()).filter(|e| kept.contains(&(e / size))));
+    let order = ranked(
+        &choice,
+        (0..logits.len()).filter(|e| kept.contains(&(e / size))),
+    );
     decided &= decisive(&choice, &order, g.k);
     let chosen = &order[..g.k];
     let sum: f64 = chosen.iter().map(|&e| score[e]).sum();
@@ -404,7 +410,10 @@ mod tests {
     #[test]
     fn cases_are_within_the_kernels_limits() {
         let cases = cases(&mut StdRng::seed_from_u64(44));
-        assert_eq!(cases.len(), 3 * (SOFTMAX_SHAPES.len() + GROUPED_SHAPES.len()));
+        assert_eq!(
+            cases.len(),
+            3 * (SOFTMAX_SHAPES.len() + GROUPED_SHAPES.len())
+        );
         for (tokens, experts, k, ..) in SOFTMAX_SHAPES {
             assert!(tokens >= 1 && experts <= MAX_EXPERTS && k <= MAX_K && k <= experts);
         }
