@@ -1234,9 +1234,9 @@ fn every_attention_backward_requirement_is_enforced_on_both_sides_of_its_boundar
 /// Kernels whose grids grow with their rows (the norms, softmax, per-token and block
 /// quantization, top-k, MoE routing) take every row count a u32 holds, on both vendors: their
 /// blocks stride over the rows, so the grid stops growing at 2^20 blocks instead of passing a
-/// device's limit (2^31 rows of RMSNorm were refused on AMD, u32::MAX rows of top-k everywhere). The buffers
-/// such calls need do not fit in memory, so they are described, not allocated: only the launch
-/// shape is asked for, and nothing is launched.
+/// device's limit (2^31 rows of RMSNorm were refused on AMD, u32::MAX rows of top-k
+/// everywhere). The buffers such calls need do not fit in memory, so they are described, not
+/// allocated: only the launch shape is asked for, and nothing is launched.
 #[test]
 fn row_kernels_launch_for_every_row_count() {
     let (bundle_dir, _) = repo_bundles();
