@@ -96,6 +96,20 @@ template <typename F> HK_DEVICE void for_each_token(unsigned tokens, F f) {
 
 constexpr float kNegInf = -__builtin_inff();
 
+// `n`, as a value whose range the compiler cannot see. Knowing from the argument checks that
+// experts <= 256, LLVM divides it by n_group through f32 with gfx90a's v_mad_f32, an instruction
+// the CDNA emulator our AMD tests run on cannot decode (it reads every target with gfx942's
+// opcodes), so gfx90a's grouped routing could not be tested there. The full 32-bit division
+// costs a few instructions once a launch (and a few per expert for its group).
+HK_DEVICE unsigned opaque(unsigned n) {
+#if HK_AMD
+  asm volatile("" : "+s"(n));
+#else
+  asm volatile("" : "+r"(n));
+#endif
+  return n;
+}
+
 // ---- Softmax routing ------------------------------------------------------------------------
 template <typename T>
 HK_DEVICE void topk_softmax(float* weights, int* ids, const T* logits, unsigned tokens,
@@ -151,12 +165,12 @@ HK_DEVICE void grouped_topk(float* weights, int* ids, const T* logits, const flo
                             unsigned topk_group, unsigned k, float scaling) {
   __shared__ GroupScratch scratch[kWaves];
   if (experts == 0 || experts > kMaxExperts || ld < experts || n_group == 0 || n_group > kMaxGroups ||
-      experts % n_group != 0 || experts / n_group < 2 || topk_group == 0 || topk_group > n_group ||
-      k == 0 || k > kMaxK || k > topk_group * (experts / n_group) || hk::block_dim_x() != kBlock)
+      topk_group == 0 || topk_group > n_group || k == 0 || k > kMaxK || hk::block_dim_x() != kBlock)
     return;
+  const unsigned group_size = opaque(experts) / n_group;
+  if (group_size * n_group != experts || group_size < 2 || k > topk_group * group_size) return;
   GroupScratch& s = scratch[hk::wave_id()];
   const unsigned lane = hk::lane_id();
-  const unsigned group_size = experts / n_group;
   float b[kItems];
 #pragma unroll
   for (unsigned i = 0; i < kItems; ++i) b[i] = expert_at(i) < experts ? bias[expert_at(i)] : 0.0f;

@@ -30,9 +30,9 @@ relied on):
 - one opcode map decodes every target: before running, every instruction of each kernel is
   decoded by the emulator and by llvm-objdump --mcpu=<target> (encoding suffixes aside, and
   ALIASES), and a kernel with any disagreement is NOT RUN on that target (said on its own line and
-  counted at the end), never passed. On gfx90a that is grouped_topk_*: LLVM divides experts by
-  n_group (both at most 256) through f32 with gfx90a's v_mad_f32, which the emulator's gfx942
-  opcode map does not hold.
+  counted at the end), never passed. (grouped_topk_* hides the experts' range from LLVM for
+  this: it divided by n_group through f32 with gfx90a's v_mad_f32, which the emulator's gfx942
+  opcode map does not hold, and gfx90a's grouped routing was NOT RUN.)
 
 Each target also runs a broken copy of topk_softmax_f32 and of grouped_topk_bf16: the first
 v_cmp_gt_u64 after a DPP move (the first step of the wave maximum that picks each expert) made a
