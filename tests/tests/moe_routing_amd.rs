@@ -32,7 +32,8 @@ fn build_moe_routing(dir: &Path) -> PathBuf {
 fn moe_routing_fits_every_amd_target_without_spills() {
     let scratch = tempfile::tempdir().unwrap();
     let bundle = build_moe_routing(scratch.path());
-    let records = Bundle::open(&bundle).unwrap().kernel_records().unwrap();
+    let kernels = Bundle::open(&bundle).unwrap();
+    let records = kernels.kernel_records().unwrap();
     // topk_softmax and grouped_topk, each for bf16, f16 and f32 logits.
     assert_eq!(records.len(), 6);
     for record in &records {

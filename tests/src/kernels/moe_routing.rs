@@ -66,16 +66,19 @@ pub fn topk_softmax(logits: &[f64], k: usize, renormalize: bool) -> Vec<(usize, 
     chosen.into_iter().map(|e| (e, exps[e] / sum)).collect()
 }
 
-/// DeepSeek-V3's grouped routing of one row of logits, and whether every choice it makes is
-/// decisive (see [`decisive`]).
+/// The arguments of the grouped routing besides its inputs.
 #[derive(Debug, Clone, Copy)]
 pub struct Grouping {
     pub n_group: usize,
     pub topk_group: usize,
     pub k: usize,
+    /// `routed_scaling_factor`.
     pub scaling: f64,
 }
 
+/// DeepSeek-V3's grouped routing of one row of logits with the correction `bias`: the chosen
+/// experts, best first, with their weights, and whether every choice it made is decisive (see
+/// [`decisive`]).
 pub fn grouped_topk(logits: &[f64], bias: &[f64], g: Grouping) -> (Vec<(usize, f64)>, bool) {
     let score: Vec<f64> = logits.iter().map(|&x| 1.0 / (1.0 + (-x).exp())).collect();
     let choice: Vec<f64> = score.iter().zip(bias).map(|(s, b)| s + b).collect();
