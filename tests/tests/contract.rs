@@ -209,12 +209,25 @@ fn every_moe_routing_requirement_is_enforced_on_both_sides_of_its_boundary() {
     let (bundle_dir, _) = repo_bundles();
     let bundle = Bundle::open(bundle_dir).unwrap();
     let (driver, device) = simulated("sm_90");
-    let launched = |result: Result<(), Error>| {
-        let before = driver.log().len();
-        result.unwrap();
-        assert_eq!(driver.log().len(), before + 1, "one launch");
+    // A call with the launches it made.
+    let counted = |run: &dyn Fn() -> Result<(), Error>| {
+        let launches = || {
+            driver
+                .log()
+                .iter()
+                .filter(|r| matches!(r, Recorded::Launch { .. }))
+                .count()
+        };
+        let before = launches();
+        let result = run();
+        (result, launches() - before)
     };
-    let refused = |result: Result<(), Error>, parts: &[&str]| {
+    let launched = |(result, launches): (Result<(), Error>, usize)| {
+        result.unwrap();
+        assert_eq!(launches, 1, "one launch");
+    };
+    let refused = |(result, launches): (Result<(), Error>, usize), parts: &[&str]| {
+        assert_eq!(launches, 0, "a refused call launches nothing");
         let text = unmet(result);
         for part in parts {
             assert!(text.contains(part), "`{part}` not in: {text}");
@@ -223,19 +236,21 @@ fn every_moe_routing_requirement_is_enforced_on_both_sides_of_its_boundary() {
     // topk_softmax: tokens >= 1, 1 <= experts <= 256, ld >= experts, 1 <= k <= min(experts,
     // 16), renormalize 0 or 1.
     let softmax = |tokens, experts, ld, k, renormalize| {
-        call(
-            &bundle,
-            &device,
-            "topk_softmax_bf16",
-            &[
-                ("tokens", tokens),
-                ("experts", experts),
-                ("ld", ld),
-                ("k", k),
-                ("renormalize", renormalize),
-            ],
-            4096,
-        )
+        counted(&|| {
+            call(
+                &bundle,
+                &device,
+                "topk_softmax_bf16",
+                &[
+                    ("tokens", tokens),
+                    ("experts", experts),
+                    ("ld", ld),
+                    ("k", k),
+                    ("renormalize", renormalize),
+                ],
+                4096,
+            )
+        })
     };
     launched(softmax(1, 8, 8, 2, 0));
     refused(softmax(0, 8, 8, 2, 0), &["tokens must be at least 1"]);
@@ -263,20 +278,22 @@ fn every_moe_routing_requirement_is_enforced_on_both_sides_of_its_boundary() {
     // grouped_topk: 1 <= n_group <= 32 dividing experts into groups of at least 2, 1 <=
     // topk_group <= n_group, k <= topk_group * (experts / n_group); the clauses above too.
     let grouped = |experts, n_group, topk_group, k| {
-        call(
-            &bundle,
-            &device,
-            "grouped_topk_f32",
-            &[
-                ("tokens", 3),
-                ("experts", experts),
-                ("ld", experts),
-                ("n_group", n_group),
-                ("topk_group", topk_group),
-                ("k", k),
-            ],
-            4096,
-        )
+        counted(&|| {
+            call(
+                &bundle,
+                &device,
+                "grouped_topk_f32",
+                &[
+                    ("tokens", 3),
+                    ("experts", experts),
+                    ("ld", experts),
+                    ("n_group", n_group),
+                    ("topk_group", topk_group),
+                    ("k", k),
+                ],
+                4096,
+            )
+        })
     };
     launched(grouped(256, 8, 4, 8));
     refused(grouped(256, 0, 1, 8), &["n_group must be 1 to 32"]);
