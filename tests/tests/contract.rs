@@ -202,6 +202,126 @@ fn every_requirement_is_enforced_on_both_sides_of_its_boundary() {
     assert!(unmet(thd(65537)).contains("vectors = 4295032832"));
 }
 
+/// The MoE routing kernels' clauses (manifests/moe_routing.toml), each at the last value it
+/// accepts and the first it refuses.
+#[test]
+fn every_moe_routing_requirement_is_enforced_on_both_sides_of_its_boundary() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    let (driver, device) = simulated("sm_90");
+    // A call with the launches it made.
+    let counted = |run: &dyn Fn() -> Result<(), Error>| {
+        let launches = || {
+            driver
+                .log()
+                .iter()
+                .filter(|r| matches!(r, Recorded::Launch { .. }))
+                .count()
+        };
+        let before = launches();
+        let result = run();
+        (result, launches() - before)
+    };
+    let launched = |(result, launches): (Result<(), Error>, usize)| {
+        result.unwrap();
+        assert_eq!(launches, 1, "one launch");
+    };
+    let refused = |(result, launches): (Result<(), Error>, usize), parts: &[&str]| {
+        assert_eq!(launches, 0, "a refused call launches nothing");
+        let text = unmet(result);
+        for part in parts {
+            assert!(text.contains(part), "`{part}` not in: {text}");
+        }
+    };
+    // topk_softmax: tokens >= 1, 1 <= experts <= 256, ld >= experts, 1 <= k <= min(experts,
+    // 16), renormalize 0 or 1.
+    let softmax = |tokens, experts, ld, k, renormalize| {
+        counted(&|| {
+            call(
+                &bundle,
+                &device,
+                "topk_softmax_bf16",
+                &[
+                    ("tokens", tokens),
+                    ("experts", experts),
+                    ("ld", ld),
+                    ("k", k),
+                    ("renormalize", renormalize),
+                ],
+                4096,
+            )
+        })
+    };
+    launched(softmax(1, 8, 8, 2, 0));
+    refused(softmax(0, 8, 8, 2, 0), &["tokens must be at least 1"]);
+    launched(softmax(2, 256, 256, 8, 1));
+    refused(
+        softmax(2, 257, 257, 8, 1),
+        &["topk_softmax_bf16", "at most 256 experts", "experts = 257"],
+    );
+    launched(softmax(3, 1, 1, 1, 0));
+    refused(softmax(3, 0, 1, 1, 0), &["experts must be at least 1"]);
+    launched(softmax(3, 64, 64, 2, 0));
+    refused(
+        softmax(3, 64, 63, 2, 0),
+        &["`ld >= experts` is false with ld = 63, experts = 64"],
+    );
+    refused(softmax(3, 64, 64, 0, 0), &["k must be at least 1"]);
+    launched(softmax(3, 5, 5, 5, 0));
+    refused(
+        softmax(3, 5, 5, 6, 0),
+        &["k (top-k) cannot exceed the number of experts", "k = 6"],
+    );
+    launched(softmax(3, 256, 256, 16, 0));
+    refused(softmax(3, 256, 256, 17, 0), &["at most 16 experts a token"]);
+    refused(softmax(3, 8, 8, 2, 2), &["renormalize must be 0 or 1"]);
+    // grouped_topk: 1 <= n_group <= 32 dividing experts into groups of at least 2, 1 <=
+    // topk_group <= n_group, k <= topk_group * (experts / n_group); the clauses above too.
+    let grouped = |experts, n_group, topk_group, k| {
+        counted(&|| {
+            call(
+                &bundle,
+                &device,
+                "grouped_topk_f32",
+                &[
+                    ("tokens", 3),
+                    ("experts", experts),
+                    ("ld", experts),
+                    ("n_group", n_group),
+                    ("topk_group", topk_group),
+                    ("k", k),
+                ],
+                4096,
+            )
+        })
+    };
+    launched(grouped(256, 8, 4, 8));
+    refused(grouped(256, 0, 1, 8), &["n_group must be 1 to 32"]);
+    launched(grouped(64, 32, 4, 8));
+    refused(
+        grouped(66, 33, 4, 8),
+        &["n_group must be 1 to 32", "n_group = 33"],
+    );
+    refused(
+        grouped(252, 8, 4, 8),
+        &["n_group must divide experts", "experts = 252, n_group = 8"],
+    );
+    refused(
+        grouped(32, 32, 4, 2),
+        &["groups must hold at least 2 experts"],
+    );
+    launched(grouped(256, 8, 8, 8));
+    refused(grouped(256, 8, 9, 8), &["topk_group must be 1 to n_group"]);
+    refused(grouped(256, 8, 0, 8), &["topk_group must be 1 to n_group"]);
+    launched(grouped(16, 8, 1, 2));
+    refused(
+        grouped(16, 8, 1, 3),
+        &["k cannot exceed the experts of the kept groups", "k = 3"],
+    );
+    refused(grouped(16, 8, 1, 0), &["k must be at least 1"]);
+    refused(grouped(512, 8, 4, 8), &["at most 256 experts"]);
+}
+
 #[test]
 fn contracts_compute_each_kernels_launch_shape() {
     let (bundle_dir, _) = repo_bundles();
@@ -244,6 +364,40 @@ fn contracts_compute_each_kernels_launch_shape() {
     assert_eq!(topk(&nvidia, 1024), [8, 1, 1]);
     assert_eq!(topk(&amd, 1024), [16, 1, 1]);
     assert_eq!(topk(&nvidia, 1025), [64, 1, 1]);
+    // MoE routing: one wave a token, 256 threads a block (8 tokens on NVIDIA, 4 on AMD).
+    for (symbol, values) in [
+        (
+            "topk_softmax_f16",
+            vec![("experts", 128), ("ld", 128), ("k", 8)],
+        ),
+        (
+            "grouped_topk_bf16",
+            vec![
+                ("experts", 256),
+                ("ld", 256),
+                ("n_group", 8),
+                ("topk_group", 4),
+                ("k", 8),
+            ],
+        ),
+    ] {
+        for (device, tokens, blocks) in [
+            (&nvidia, 1, 1),
+            (&nvidia, 64, 8),
+            (&nvidia, 1000, 125),
+            (&amd, 1, 1),
+            (&amd, 64, 16),
+            (&amd, 1001, 251),
+        ] {
+            let values: Vec<_> = values.iter().copied().chain([("tokens", tokens)]).collect();
+            let dims = shape(&bundle, device, symbol, &values, 1 << 18);
+            assert_eq!(
+                (dims.grid, dims.block),
+                ([blocks, 1, 1], [256, 1, 1]),
+                "{symbol} with {tokens} tokens"
+            );
+        }
+    }
 }
 
 #[test]
@@ -1095,11 +1249,11 @@ fn every_attention_backward_requirement_is_enforced_on_both_sides_of_its_boundar
 }
 
 /// Kernels whose grids grow with their rows (the norms, softmax, per-token and block
-/// quantization, top-k) take every row count a u32 holds, on both vendors: their blocks stride
-/// over the rows, so the grid stops growing at 2^20 blocks instead of passing a device's limit
-/// (2^31 rows of RMSNorm were refused on AMD, u32::MAX rows of top-k everywhere). The buffers
-/// such calls need do not fit in memory, so they are described, not allocated: only the launch
-/// shape is asked for, and nothing is launched.
+/// quantization, top-k, MoE routing) take every row count a u32 holds, on both vendors: their
+/// blocks stride over the rows, so the grid stops growing at 2^20 blocks instead of passing a
+/// device's limit (2^31 rows of RMSNorm were refused on AMD, u32::MAX rows of top-k
+/// everywhere). The buffers such calls need do not fit in memory, so they are described, not
+/// allocated: only the launch shape is asked for, and nothing is launched.
 #[test]
 fn row_kernels_launch_for_every_row_count() {
     let (bundle_dir, _) = repo_bundles();
@@ -1118,8 +1272,25 @@ fn row_kernels_launch_for_every_row_count() {
                 ("quant_fp8_block_fp8_e4m3fnuz_bf16", vec![("cols", 7168)]),
                 ("topk_f32", vec![("n", 64), ("k", 8)]),
                 ("topk_bf16", vec![("n", 4096), ("k", 8)]),
+                (
+                    "topk_softmax_f32",
+                    vec![("experts", 256), ("ld", 256), ("k", 8)],
+                ),
+                (
+                    "grouped_topk_bf16",
+                    vec![
+                        ("experts", 256),
+                        ("ld", 256),
+                        ("n_group", 8),
+                        ("topk_group", 4),
+                        ("k", 8),
+                    ],
+                ),
             ] {
-                let values: Vec<_> = values.into_iter().chain([("rows", rows)]).collect();
+                let values: Vec<_> = values
+                    .into_iter()
+                    .chain([("rows", rows), ("tokens", rows)])
+                    .collect();
                 let args = described_args(&bundle, symbol, &values);
                 let dims = loaded.kernel(symbol).unwrap().launch_shape(&args);
                 let dims = dims.unwrap_or_else(|e| panic!("{symbol}, {rows} rows, {target}: {e}"));

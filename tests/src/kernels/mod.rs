@@ -8,6 +8,7 @@ pub mod conv1d;
 pub mod fp8;
 pub mod gemm;
 pub mod gemm_q8;
+pub mod moe_routing;
 pub mod norm;
 pub mod quant;
 pub mod rope;
@@ -24,6 +25,7 @@ pub fn all_cases(rng: &mut impl rand::Rng) -> Vec<Case> {
     cases.extend(softmax::cases(rng));
     cases.extend(rope::cases(rng));
     cases.extend(topk::cases(rng));
+    cases.extend(moe_routing::cases(rng));
     cases.extend(conv1d::cases(rng));
     cases.extend(gemm::cases(rng));
     cases.extend(gemm_q8::cases(rng));
