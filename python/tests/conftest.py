@@ -60,6 +60,12 @@ SIZES = {
     "causal": 1,
     "window_left": -1,
     "window_right": -1,
+    # MoE routing: 8 experts in rows 10 apart, k = 5 of them; grouped: 2 groups of 4, both kept.
+    "experts": 8,
+    "ld": 10,
+    "renormalize": 1,
+    "n_group": 2,
+    "topk_group": 2,
 }
 
 
