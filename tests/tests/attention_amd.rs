@@ -18,8 +18,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 use hk_format::manifest::{BundleManifest, MANIFEST_FILE};
 use hk_format::target::TargetId;
@@ -377,21 +375,7 @@ fn assert_ping_pong(
 
 #[test]
 fn attention_computes_on_the_cdna_emulator() {
-    let Some(tree) = std::env::var_os("HK_TINYGRAD") else {
-        eprintln!("skipped: set HK_TINYGRAD to a tinygrad source tree to run the CDNA emulator");
-        return;
-    };
-    let scratch = tempfile::tempdir().unwrap();
-    let bundle = build_attention(scratch.path());
-    let output = Command::new(python())
-        .arg(repo().join("tests/emu/attention_emu.py"))
-        .arg(&bundle)
-        .env("HK_TINYGRAD", tree)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout);
-    eprintln!("{text}{}", String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "attention_emu.py failed");
+    run_on_emulator("attention_emu.py", build_attention);
 }
 
 /// `(d_qk, d_v)` of the backward module's dQ and dK/dV kernels, each in bf16 and f16.
@@ -576,19 +560,5 @@ fn attention_backward_fits_every_amd_target_and_uses_its_mfma() {
 
 #[test]
 fn attention_backward_computes_on_the_cdna_emulator() {
-    let Some(tree) = std::env::var_os("HK_TINYGRAD") else {
-        eprintln!("skipped: set HK_TINYGRAD to a tinygrad source tree to run the CDNA emulator");
-        return;
-    };
-    let scratch = tempfile::tempdir().unwrap();
-    let bundle = build_attention_backward(scratch.path());
-    let output = Command::new(python())
-        .arg(repo().join("tests/emu/attention_backward_emu.py"))
-        .arg(&bundle)
-        .env("HK_TINYGRAD", tree)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout);
-    eprintln!("{text}{}", String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "attention_backward_emu.py failed");
+    run_on_emulator("attention_backward_emu.py", build_attention_backward);
 }

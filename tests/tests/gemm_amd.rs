@@ -11,7 +11,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
 use common::*;
 use hk_format::manifest::{BundleManifest, MANIFEST_FILE};
@@ -123,21 +122,7 @@ fn gemm_fits_every_amd_target_and_uses_its_mfma() {
 
 #[test]
 fn gemm_computes_on_the_cdna_emulator() {
-    let Some(tree) = std::env::var_os("HK_TINYGRAD") else {
-        eprintln!("skipped: set HK_TINYGRAD to a tinygrad source tree to run the CDNA emulator");
-        return;
-    };
-    let scratch = tempfile::tempdir().unwrap();
-    let bundle = build_gemm(scratch.path());
-    let output = Command::new(python())
-        .arg(repo().join("tests/emu/gemm_emu.py"))
-        .arg(&bundle)
-        .env("HK_TINYGRAD", tree)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout);
-    eprintln!("{text}{}", String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "gemm_emu.py failed");
+    run_on_emulator("gemm_emu.py", build_gemm);
 }
 
 /// Indexes a private array by a run-time value, which puts it in scratch memory.

@@ -10,7 +10,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::*;
 use hk_format::target::TargetId;
@@ -62,19 +61,5 @@ fn moe_routing_fits_every_amd_target_without_spills() {
 
 #[test]
 fn moe_routing_computes_on_the_cdna_emulator() {
-    let Some(tree) = std::env::var_os("HK_TINYGRAD") else {
-        eprintln!("skipped: set HK_TINYGRAD to a tinygrad source tree to run the CDNA emulator");
-        return;
-    };
-    let scratch = tempfile::tempdir().unwrap();
-    let bundle = build_moe_routing(scratch.path());
-    let output = Command::new(python())
-        .arg(repo().join("tests/emu/moe_routing_emu.py"))
-        .arg(&bundle)
-        .env("HK_TINYGRAD", tree)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout);
-    eprintln!("{text}{}", String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "moe_routing_emu.py failed");
+    run_on_emulator("moe_routing_emu.py", build_moe_routing);
 }

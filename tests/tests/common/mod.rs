@@ -247,3 +247,24 @@ source = "../kernels/offset.hip"
 symbol = "offset"
 args = ["out: *mut f32", "x: *const f32", "b: f32", "n: u32"]
 "#;
+
+/// Runs `tests/emu/<script>` over the bundle `build` writes into a scratch folder, on the CDNA
+/// emulator of the tinygrad tree in `HK_TINYGRAD`, printing what it says and failing the test
+/// if it fails; without `HK_TINYGRAD` the test says it skipped (and passes).
+pub fn run_on_emulator(script: &str, build: impl FnOnce(&Path) -> PathBuf) {
+    let Some(tree) = std::env::var_os("HK_TINYGRAD") else {
+        eprintln!("skipped: set HK_TINYGRAD to a tinygrad source tree to run the CDNA emulator");
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let bundle = build(scratch.path());
+    let output = std::process::Command::new(python())
+        .arg(repo().join("tests/emu").join(script))
+        .arg(&bundle)
+        .env("HK_TINYGRAD", tree)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{script} failed");
+}
