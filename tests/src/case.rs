@@ -13,6 +13,8 @@
 //! sizes, on buffers as long as the kernel's contract computes (`hkload::Kernel::extents`).
 
 use hk_format::abi::{ScalarType, ScalarValue};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 /// What one output buffer must hold after the launch.
 #[derive(Debug, Clone)]
@@ -530,6 +532,77 @@ fn compare_len(name: &'static str, got: usize, want: usize) -> Result<(), Mismat
     })
 }
 
+/// Test cases planned but not yet made: the kernels they call are known at once; their random
+/// inputs and f64 references are drawn and computed by [`Planned::make`]. Making a large case
+/// takes up to seconds (an attention reference over thousands of tokens), so a runner that wants
+/// one family's cases, or one case of each kernel, makes only those.
+///
+/// Each plan draws its own seed from the planning rng, so a plan makes the same cases whichever
+/// others are made, and a run repeats from its one seed.
+pub struct Planned {
+    kernels: Vec<String>,
+    seed: u64,
+    make: MakeCases,
+}
+
+/// What draws a plan's inputs and computes its references.
+type MakeCases = Box<dyn FnOnce(&mut StdRng) -> Vec<Case>>;
+
+impl Planned {
+    /// Cases of `kernels` that `make` draws from a seed taken from `rng` now (cases that share
+    /// inputs, as one problem's forward and gradients do, are planned together).
+    pub fn new(
+        kernels: impl IntoIterator<Item = String>,
+        rng: &mut impl Rng,
+        make: impl FnOnce(&mut StdRng) -> Vec<Case> + 'static,
+    ) -> Self {
+        Self {
+            kernels: kernels.into_iter().collect(),
+            seed: rng.random(),
+            make: Box::new(make),
+        }
+    }
+
+    /// One case of `kernel`, as [`Planned::new`] plans it.
+    pub fn one(
+        kernel: String,
+        rng: &mut impl Rng,
+        make: impl FnOnce(&mut StdRng) -> Case + 'static,
+    ) -> Self {
+        Self::new([kernel], rng, move |rng| vec![make(rng)])
+    }
+
+    /// A case made already (a family whose cases are cheap makes them eagerly).
+    pub fn made(case: Case) -> Self {
+        Self {
+            kernels: vec![case.kernel.clone()],
+            seed: 0,
+            make: Box::new(|_| vec![case]),
+        }
+    }
+
+    /// The kernels the cases call, in the order they are made.
+    pub fn kernels(&self) -> &[String] {
+        &self.kernels
+    }
+
+    /// Draws the inputs and computes the references.
+    ///
+    /// # Panics
+    ///
+    /// When the cases made call other kernels than the plan said: a mistake in the family's
+    /// cases, which their tests catch.
+    pub fn make(self) -> Vec<Case> {
+        let cases = (self.make)(&mut StdRng::seed_from_u64(self.seed));
+        let made: Vec<&str> = cases.iter().map(|c| c.kernel.as_str()).collect();
+        assert_eq!(
+            made, self.kernels,
+            "the cases made are not the ones planned"
+        );
+        cases
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -546,6 +619,46 @@ mod tests {
             }],
             grid: [None; 3],
         }
+    }
+
+    /// A plan of kernel `k` whose case expects the first value its rng draws.
+    fn drawn(rng: &mut StdRng) -> Planned {
+        Planned::one("k".into(), rng, |rng| {
+            case(Expect::Exact(vec![rng.random(), 0.0]))
+        })
+    }
+
+    fn exact(case: &Case) -> &[f64] {
+        match &case.args[0] {
+            CaseArg::Output {
+                expect: Expect::Exact(want),
+                ..
+            } => want,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_plan_makes_the_same_case_whichever_plans_before_it_are_made() {
+        let plans = |seed| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            [drawn(&mut rng), drawn(&mut rng)]
+        };
+        let [first, second] = plans(9);
+        let both = [first.make(), second.make()];
+        let [_, alone] = plans(9);
+        assert_eq!(exact(&alone.make()[0]), exact(&both[1][0]));
+        assert_ne!(exact(&both[0][0]), exact(&both[1][0]));
+    }
+
+    #[test]
+    #[should_panic(expected = "the cases made are not the ones planned")]
+    fn a_plan_that_makes_another_kernel_is_a_mistake() {
+        let mut rng = StdRng::seed_from_u64(1);
+        Planned::new(["other".to_owned()], &mut rng, |_| {
+            vec![case(Expect::Exact(vec![0.0; 2]))]
+        })
+        .make();
     }
 
     #[test]

@@ -23,7 +23,7 @@ use hk_bench::timing::Stats;
 use hk_format::manifest::{Blake3Digest, Sha256Digest};
 use hk_format::target::TargetId;
 use hk_tests::device_case::CaseBuffers;
-use hk_tests::kernels::all_cases;
+use hk_tests::kernels::cases_of;
 use hkload::driver::{RecordingDriver, StreamHandle};
 use hkload::{Bundle, Device, OpenOptions};
 use rand::SeedableRng;
@@ -100,12 +100,13 @@ fn run() -> Result<(), String> {
     let driver = Arc::new(RecordingDriver::new([options.target]));
     let device = Device::new(driver, 0).map_err(text)?;
     let bundle = Bundle::open(&options.bundle).map_err(text)?;
-    let case = all_cases(&mut StdRng::seed_from_u64(0x5eed))
+    let wanted = |kernel: &str| match &options.kernel {
+        Some(name) => kernel == name,
+        None => bundle.table().find_kernel(kernel).is_some(),
+    };
+    let case = cases_of(&mut StdRng::seed_from_u64(0x5eed), wanted)
         .into_iter()
-        .find(|case| match &options.kernel {
-            Some(name) => &case.kernel == name,
-            None => bundle.table().find_kernel(&case.kernel).is_some(),
-        })
+        .next()
         .ok_or("no test case for the kernel in this bundle")?;
     let buffers = CaseBuffers::upload(&device, &case).map_err(text)?;
     let args = buffers.args();

@@ -40,7 +40,7 @@ use std::time::Instant;
 use hk_format::index::INDEX_FILE;
 use hk_format::offload::{self, OffloadBundle};
 use hk_format::target::EntryId;
-use hk_tests::kernels::all_cases;
+use hk_tests::kernels::cases_of;
 use hkload::driver::cuda::sys;
 use hkload::driver::{CudaDriver, Driver, ImageKind, LaunchDims, StreamHandle};
 use hkload::{Arg, Bundle, Device, OpenOptions};
@@ -130,17 +130,17 @@ fn run() -> Result<bool, String> {
     );
 
     let bundle = Bundle::open(&options.bundle).map_err(text)?;
-    let cases = all_cases(&mut StdRng::seed_from_u64(0x5eed));
-    let case = match &options.kernel {
-        Some(name) => cases.into_iter().find(|case| &case.kernel == name),
-        None => cases
-            .into_iter()
-            .find(|case| bundle.table().find_kernel(&case.kernel).is_some()),
-    }
-    .ok_or_else(|| match &options.kernel {
-        Some(name) => format!("hk_tests has no test case for kernel `{name}`"),
-        None => "no kernel of the bundle has a test case".into(),
-    })?;
+    let wanted = |kernel: &str| match &options.kernel {
+        Some(name) => kernel == name,
+        None => bundle.table().find_kernel(kernel).is_some(),
+    };
+    let case = cases_of(&mut StdRng::seed_from_u64(0x5eed), wanted)
+        .into_iter()
+        .next()
+        .ok_or_else(|| match &options.kernel {
+            Some(name) => format!("hk_tests has no test case for kernel `{name}`"),
+            None => "no kernel of the bundle has a test case".into(),
+        })?;
     let embedded = embed(&options.bundle)?;
     let images = Images::read(&options.bundle, &embedded, &bundle, &device, &case.kernel)?;
     println!(

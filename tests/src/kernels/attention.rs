@@ -12,7 +12,7 @@
 use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
-use crate::case::{Case, CaseArg, Expect, grid_label};
+use crate::case::{Case, CaseArg, Expect, Planned, grid_label};
 use crate::host::{epsilon, random_rounded};
 
 /// Which keys query `i` of a sequence of `sq` queries and `sk` keys sees: `j < sk` and, with the
@@ -289,8 +289,16 @@ fn shapes() -> Vec<Shape> {
 }
 
 /// Every forward kernel's cases, with fresh random inputs.
-pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
-    shapes().into_iter().map(|s| case(s, rng)).collect()
+pub fn plan(rng: &mut impl Rng) -> Vec<Planned> {
+    shapes()
+        .into_iter()
+        .map(|s| Planned::one(symbol(&s), rng, move |rng| case(s, rng)))
+        .collect()
+}
+
+/// The forward kernel of shape `s`.
+fn symbol(s: &Shape) -> String {
+    format!("attn_fwd_{}", s.suffix())
 }
 
 fn case(s: Shape, rng: &mut impl Rng) -> Case {
@@ -388,7 +396,7 @@ fn case(s: Shape, rng: &mut impl Rng) -> Case {
         })
         .collect();
     Case {
-        kernel: format!("attn_fwd_{}", s.suffix()),
+        kernel: symbol(&s),
         label: format!(
             "seqs=[{}] heads={heads_q}/{heads_kv} {mask:?} softcap={softcap:?} spread={spread} pad={pad}{}",
             seqs.join(","),

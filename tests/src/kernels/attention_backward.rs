@@ -14,7 +14,7 @@ use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
 use super::attention::{DIMS, Mask, Packed, Scoring, Shape, parallel_map, same, shape};
-use crate::case::{Case, CaseArg, Expect};
+use crate::case::{Case, CaseArg, Expect, Planned};
 use crate::host::{epsilon, random_rounded, round_to};
 
 use ScalarType::{Bf16, F16};
@@ -90,11 +90,21 @@ fn shapes() -> Vec<Shape> {
 }
 
 /// The three kernels' cases of every shape, with fresh random inputs.
-pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
+pub fn plan(rng: &mut impl Rng) -> Vec<Planned> {
     shapes()
         .into_iter()
-        .flat_map(|s| problem_cases(&s, rng))
+        .map(|s| Planned::new(symbols(&s), rng, move |rng| problem_cases(&s, rng)))
         .collect()
+}
+
+/// The kernels of one problem, in the order [`problem_cases`] makes their cases: delta, dQ,
+/// dK and dV.
+fn symbols(s: &Shape) -> [String; 3] {
+    [
+        format!("attn_bwd_delta_{}", s.ty.name()),
+        format!("attn_bwd_dq_{}", s.suffix()),
+        format!("attn_bwd_dkdv_{}", s.suffix()),
+    ]
 }
 
 /// A gradient and its error bound, element by element.
@@ -377,8 +387,9 @@ fn problem_cases(s: &Shape, rng: &mut impl Rng) -> Vec<Case> {
     let max_q = s.seqs.iter().map(|&(a, _)| a).max().unwrap_or(0);
     let max_k = s.seqs.iter().map(|&(_, b)| b).max().unwrap_or(0);
 
+    let [delta_symbol, dq_symbol, dkdv_symbol] = symbols(s);
     let delta_case = Case {
-        kernel: format!("attn_bwd_delta_{}", ty.name()),
+        kernel: delta_symbol,
         label: label.clone(),
         args: vec![
             CaseArg::Output {
@@ -426,13 +437,13 @@ fn problem_cases(s: &Shape, rng: &mut impl Rng) -> Vec<Case> {
     vec![
         delta_case,
         Case {
-            kernel: format!("attn_bwd_dq_{}", s.suffix()),
+            kernel: dq_symbol,
             label: label.clone(),
             args: dq_args,
             grid: [None, None, None],
         },
         Case {
-            kernel: format!("attn_bwd_dkdv_{}", s.suffix()),
+            kernel: dkdv_symbol,
             label,
             args: dkdv_args,
             grid: [None, None, None],

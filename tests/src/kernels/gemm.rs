@@ -37,7 +37,7 @@
 use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
-use crate::case::{Case, CaseArg, Expect, grid_label};
+use crate::case::{Case, CaseArg, Expect, Planned, grid_label};
 use crate::host::random_rounded;
 use crate::kernels::activation::Activation;
 
@@ -314,6 +314,18 @@ type Size = (usize, usize, usize);
 /// A batch of `batch` products of one shape, A matrices `stride_a` apart (NaN in between),
 /// B `stride_b` apart (0: one B for all), C `m · ldc` apart, so that C's rows are evenly
 /// strided through the whole batch.
+/// The batched kernel of `layout` and `ty`.
+pub fn batched_symbol(layout: Layout, ty: ScalarType) -> String {
+    let variant = Variant {
+        layout,
+        ty,
+        bias: false,
+        out_f32: false,
+        split_k: None,
+    };
+    format!("batched_{}", variant.symbol())
+}
+
 pub fn batched_case(
     layout: Layout,
     ty: ScalarType,
@@ -364,13 +376,6 @@ pub fn batched_case(
         want.extend(c);
         spread = spread.max(s);
     }
-    let variant = Variant {
-        layout,
-        ty,
-        bias: false,
-        out_f32: false,
-        split_k: None,
-    };
     let unit = match ty {
         ScalarType::Bf16 => 2f64.powi(-8),
         _ => 2f64.powi(-11),
@@ -398,7 +403,7 @@ pub fn batched_case(
         [stride_a, stride_b, stride_c].map(|x| CaseArg::Scalar(ScalarValue::U64(x as u64))),
     );
     Case {
-        kernel: format!("batched_{}", variant.symbol()),
+        kernel: batched_symbol(layout, ty),
         label: format!(
             "m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc} batch={batch} strides={stride_a},{stride_b},{stride_c}"
         ),
@@ -408,6 +413,11 @@ pub fn batched_case(
 }
 
 /// `C = act(A·W_gateᵀ) ⊙ (A·W_upᵀ)` for `act` silu or gelu-tanh, on fresh random inputs.
+/// The gated kernel of `act` and `ty`.
+pub fn gated_symbol(act: Activation, ty: ScalarType) -> String {
+    format!("gemm_a16w16_gated_{}_{}", act.name(), ty.name())
+}
+
 pub fn gated_case(act: Activation, ty: ScalarType, shape: Shape, rng: &mut impl Rng) -> Case {
     let Shape {
         m,
@@ -465,7 +475,7 @@ pub fn gated_case(act: Activation, ty: ScalarType, shape: Shape, rng: &mut impl 
     ];
     args.extend([m, n, k, lda, ldb, ldc].map(|x| CaseArg::Scalar(ScalarValue::U32(x as u32))));
     Case {
-        kernel: format!("gemm_a16w16_gated_{}_{}", act.name(), ty.name()),
+        kernel: gated_symbol(act, ty),
         label: format!("m={m} n={n} k={k} lda={lda} ldb={ldb} ldc={ldc}"),
         args,
         grid: [None; 3],
@@ -498,7 +508,7 @@ const SHAPES: [Size; 18] = [
 /// Every case: each shape with both layouts (type, bias and output type cycling), then every
 /// symbol on views: rows padded to aligned leading dimensions, and rows that are not 16-byte
 /// aligned (odd leading dimensions, read element by element).
-pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
+pub fn plan(rng: &mut impl Rng) -> Vec<Planned> {
     let mut cases = Vec::new();
     for (i, &size) in SHAPES.iter().enumerate() {
         for (j, layout) in [Layout::Nt, Layout::Nn].into_iter().enumerate() {
@@ -513,21 +523,16 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
                 out_f32: i % 3 == 0,
                 split_k: None,
             };
-            cases.push(case(variant, Shape::new(layout, size, (0, 0, 0)), rng));
+            let shape = Shape::new(layout, size, (0, 0, 0));
+            cases.push(planned(variant, shape, rng));
         }
     }
     for variant in Variant::all() {
         let layout = variant.layout;
-        cases.push(case(
-            variant,
-            Shape::new(layout, (77, 200, 136), (8, 16, 5)),
-            rng,
-        ));
-        cases.push(case(
-            variant,
-            Shape::new(layout, (33, 70, 61), (3, 1, 2)),
-            rng,
-        ));
+        let shapes = [((77, 200, 136), (8, 16, 5)), ((33, 70, 61), (3, 1, 2))];
+        for (size, pad) in shapes {
+            cases.push(planned(variant, Shape::new(layout, size, pad), rng));
+        }
     }
     // Split K: decode sizes, z from 1 to more splits than K has 128-deep steps (the extra
     // blocks add nothing), views and unaligned rows; past 16 rows (sm_90a's wgmma program),
@@ -543,16 +548,9 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
     ];
     for (i, &(size, pad, splits)) in split_shapes.iter().enumerate() {
         let variants = Variant::split_k(splits);
-        cases.push(case(
-            variants[i % 4],
-            Shape::new(Layout::Nt, size, pad),
-            rng,
-        ));
-        cases.push(case(
-            variants[(i + 1) % 4],
-            Shape::new(Layout::Nt, size, pad),
-            rng,
-        ));
+        for variant in [variants[i % 4], variants[(i + 1) % 4]] {
+            cases.push(planned(variant, Shape::new(Layout::Nt, size, pad), rng));
+        }
     }
     // Batches: every symbol, ragged sizes, views, a B shared by the whole batch.
     for (i, layout) in [Layout::Nt, Layout::Nn].into_iter().enumerate() {
@@ -565,7 +563,9 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
             ];
             for (size, pad, batch, strides) in batches {
                 let shape = Shape::new(layout, size, pad);
-                cases.push(batched_case(layout, ty, shape, batch, strides, rng));
+                cases.push(Planned::one(batched_symbol(layout, ty), rng, move |rng| {
+                    batched_case(layout, ty, shape, batch, strides, rng)
+                }));
             }
         }
     }
@@ -578,11 +578,19 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
                 ((130, 129, 256), (8, 8, 3)),
                 ((7, 300, 4096), (0, 0, 0)),
             ] {
-                cases.push(gated_case(act, ty, Shape::new(Layout::Nt, size, pad), rng));
+                let shape = Shape::new(Layout::Nt, size, pad);
+                cases.push(Planned::one(gated_symbol(act, ty), rng, move |rng| {
+                    gated_case(act, ty, shape, rng)
+                }));
             }
         }
     }
     cases
+}
+
+/// `case` of `variant` at `shape`, planned.
+fn planned(variant: Variant, shape: Shape, rng: &mut impl Rng) -> Planned {
+    Planned::one(variant.symbol(), rng, move |rng| case(variant, shape, rng))
 }
 
 #[cfg(test)]
@@ -611,7 +619,10 @@ mod tests {
 
     #[test]
     fn cases_cover_every_symbol_and_accept_their_reference() {
-        let cases = cases(&mut StdRng::seed_from_u64(7));
+        let cases: Vec<Case> = plan(&mut StdRng::seed_from_u64(7))
+            .into_iter()
+            .flat_map(Planned::make)
+            .collect();
         assert!(cases.len() >= 30);
         for variant in Variant::all().into_iter().chain(Variant::split_k(1)) {
             assert!(

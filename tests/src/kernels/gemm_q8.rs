@@ -27,7 +27,7 @@
 use hk_format::abi::{ScalarType, ScalarValue};
 use rand::Rng;
 
-use crate::case::{Case, CaseArg, Expect, grid_label};
+use crate::case::{Case, CaseArg, Expect, Planned, grid_label};
 use crate::host::round_to;
 
 /// The element types the kernels take: int8 and the two E4M3 formats.
@@ -489,7 +489,7 @@ const SPLITS: [(Size, Size, Option<u32>); 6] = [
 ];
 
 /// Every symbol on every shape.
-pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
+pub fn plan(rng: &mut impl Rng) -> Vec<Planned> {
     let mut cases = Vec::new();
     for elem in ELEMENTS {
         let schemes: &[Scales] = if elem == ScalarType::I8 {
@@ -503,17 +503,25 @@ pub fn cases(rng: &mut impl Rng) -> Vec<Case> {
             ]
         };
         for &scales in schemes {
-            for (i, &(size, pad)) in SHAPES.iter().enumerate() {
-                cases.push(case(elem, scales, i % 2 == 1, size, pad, rng));
+            let shapes = SHAPES.iter().enumerate().map(|(i, &s)| (i % 2 == 1, s));
+            for (bias, (size, pad)) in shapes.chain([(true, ((64, 64, 64), (0, 0, 0)))]) {
+                let kernel = symbol(elem, scales, bias);
+                cases.push(Planned::one(kernel, rng, move |rng| {
+                    case(elem, scales, bias, size, pad, rng)
+                }));
             }
-            cases.push(case(elem, scales, true, (64, 64, 64), (0, 0, 0), rng));
         }
         for (size, pad, batch, strides) in BATCHES {
-            cases.push(batched_case(elem, size, pad, batch, strides, rng));
+            cases.push(Planned::one(batched_symbol(elem), rng, move |rng| {
+                batched_case(elem, size, pad, batch, strides, rng)
+            }));
         }
         if elem != ScalarType::I8 {
             for (i, &(size, pad, splits)) in SPLITS.iter().enumerate() {
-                cases.push(splitk_case(elem, i % 2 == 1, splits, size, pad, rng));
+                let bias = i % 2 == 1;
+                cases.push(Planned::one(splitk_symbol(elem, bias), rng, move |rng| {
+                    splitk_case(elem, bias, splits, size, pad, rng)
+                }));
             }
         }
     }
@@ -551,7 +559,10 @@ mod tests {
 
     #[test]
     fn cases_cover_every_symbol_and_accept_their_reference() {
-        let cases = cases(&mut StdRng::seed_from_u64(3));
+        let cases: Vec<Case> = plan(&mut StdRng::seed_from_u64(3))
+            .into_iter()
+            .flat_map(Planned::make)
+            .collect();
         for elem in ELEMENTS {
             for scales in [
                 Scales::PerTensor,

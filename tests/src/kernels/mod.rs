@@ -1,5 +1,6 @@
 //! The f64 reference and the test cases of every kernel in the library, one module per family.
-//! A runner takes [`all_cases`], runs each case on a device and calls [`crate::case::Case::check`].
+//! A runner takes the cases of the kernels it runs ([`cases_of`], which makes only those), runs
+//! each case on a device and calls [`crate::case::Case::check`].
 
 pub mod activation;
 pub mod attention;
@@ -15,23 +16,37 @@ pub mod rope;
 pub mod softmax;
 pub mod topk;
 
-use crate::case::Case;
+use crate::case::{Case, Planned};
 
-/// Every case of every kernel family, drawn from `rng` (fresh random inputs each call).
-pub fn all_cases(rng: &mut impl rand::Rng) -> Vec<Case> {
-    let mut cases = Vec::new();
-    cases.extend(norm::cases(rng));
-    cases.extend(activation::cases(rng));
-    cases.extend(softmax::cases(rng));
-    cases.extend(rope::cases(rng));
-    cases.extend(topk::cases(rng));
-    cases.extend(moe_routing::cases(rng));
-    cases.extend(conv1d::cases(rng));
-    cases.extend(gemm::cases(rng));
-    cases.extend(gemm_q8::cases(rng));
-    cases.extend(fp8::cases());
-    cases.extend(quant::cases(rng));
-    cases.extend(attention::cases(rng));
-    cases.extend(attention_backward::cases(rng));
-    cases
+/// Every case of every kernel family, planned from `rng`: the families whose references are
+/// cheap make their cases now, the others (attention, the GEMMs) when [`Planned::make`] runs.
+pub fn all_planned(rng: &mut impl rand::Rng) -> Vec<Planned> {
+    let made = [
+        norm::cases(rng),
+        activation::cases(rng),
+        softmax::cases(rng),
+        rope::cases(rng),
+        topk::cases(rng),
+        moe_routing::cases(rng),
+        conv1d::cases(rng),
+        fp8::cases(),
+        quant::cases(rng),
+    ];
+    let mut planned: Vec<Planned> = made.into_iter().flatten().map(Planned::made).collect();
+    planned.extend(gemm::plan(rng));
+    planned.extend(gemm_q8::plan(rng));
+    planned.extend(attention::plan(rng));
+    planned.extend(attention_backward::plan(rng));
+    planned
+}
+
+/// The cases of the kernels `wanted` accepts (fresh random inputs each call), making only the
+/// plans that call one.
+pub fn cases_of(rng: &mut impl rand::Rng, wanted: impl Fn(&str) -> bool) -> Vec<Case> {
+    all_planned(rng)
+        .into_iter()
+        .filter(|plan| plan.kernels().iter().any(|k| wanted(k)))
+        .flat_map(Planned::make)
+        .filter(|case| wanted(&case.kernel))
+        .collect()
 }
