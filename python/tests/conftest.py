@@ -66,6 +66,9 @@ SIZES = {
     "renormalize": 1,
     "n_group": 2,
     "topk_group": 2,
+    # MoE alignment: 6 of the 8 experts local, blocks of 16 rows.
+    "local_experts": 6,
+    "block_m": 16,
 }
 
 

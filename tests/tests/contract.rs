@@ -322,6 +322,143 @@ fn every_moe_routing_requirement_is_enforced_on_both_sides_of_its_boundary() {
     refused(grouped(512, 8, 4, 8), &["at most 256 experts"]);
 }
 
+/// The MoE alignment kernel's clauses (manifests/moe_align.toml), each at the last value it
+/// accepts and the first it refuses, and its launch: one block of 1024 threads for every size.
+#[test]
+fn every_moe_align_requirement_is_enforced_on_both_sides_of_its_boundary() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    let (driver, device) = simulated("sm_90");
+    let launches = || {
+        driver
+            .log()
+            .iter()
+            .filter(|r| matches!(r, Recorded::Launch { .. }))
+            .count()
+    };
+    // (tokens, k, experts, local_experts, block_m), buffers of 2^16 elements (enough for every
+    // accepted call here).
+    let align = |tokens, k, experts, local_experts, block_m| {
+        let before = launches();
+        let result = call(
+            &bundle,
+            &device,
+            "moe_align_block_size",
+            &[
+                ("tokens", tokens),
+                ("k", k),
+                ("experts", experts),
+                ("local_experts", local_experts),
+                ("block_m", block_m),
+            ],
+            1 << 16,
+        );
+        (result, launches() - before)
+    };
+    let launched = |(result, launches): (Result<(), Error>, usize)| {
+        result.unwrap();
+        assert_eq!(launches, 1, "one launch");
+    };
+    let refused = |(result, launches): (Result<(), Error>, usize), parts: &[&str]| {
+        assert_eq!(launches, 0, "a refused call launches nothing");
+        let text = unmet(result);
+        for part in parts {
+            assert!(text.contains(part), "`{part}` not in: {text}");
+        }
+    };
+    launched(align(1, 8, 256, 256, 64));
+    refused(
+        align(0, 8, 256, 256, 64),
+        &["moe_align_block_size", "tokens must be at least 1"],
+    );
+    launched(align(3, 1, 8, 8, 16));
+    refused(align(3, 0, 8, 8, 16), &["k must be at least 1"]);
+    launched(align(3, 1, 1, 1, 16));
+    refused(align(3, 1, 0, 1, 16), &["experts must be at least 1"]);
+    launched(align(3, 8, 1024, 1024, 16));
+    refused(
+        align(3, 8, 1025, 1024, 16),
+        &["at most 1024 experts", "experts = 1025"],
+    );
+    refused(
+        align(3, 8, 64, 0, 16),
+        &["local_experts must be at least 1"],
+    );
+    launched(align(3, 8, 64, 64, 16));
+    refused(
+        align(3, 8, 64, 65, 16),
+        &[
+            "local_experts cannot exceed experts",
+            "local_experts = 65, experts = 64",
+        ],
+    );
+    launched(align(3, 8, 64, 16, 256));
+    for block_m in [8, 15, 17, 48, 255, 257, 512] {
+        refused(
+            align(3, 8, 64, 16, block_m),
+            &[
+                "block_m must be a power of two from 16 to 256",
+                &format!("block_m = {block_m}"),
+            ],
+        );
+    }
+    for block_m in [16, 32, 64, 128] {
+        launched(align(3, 8, 64, 16, block_m));
+    }
+    // Every row and the sentinel fit an i32: tokens * k + experts * (block_m - 1) < 2^31. Such
+    // calls need buffers that do not fit in memory, so they are described, and only the shape
+    // is asked for (after the requirements).
+    let loaded = bundle.load(&device).unwrap();
+    let kernel = loaded.kernel("moe_align_block_size").unwrap();
+    let rows = |tokens: u64| {
+        let values = [
+            ("tokens", tokens),
+            ("k", 1),
+            ("experts", 1),
+            ("local_experts", 1),
+            ("block_m", 16),
+        ];
+        kernel.launch_shape(&described_args(&bundle, "moe_align_block_size", &values))
+    };
+    rows((1 << 31) - 16).unwrap();
+    let text = rows((1 << 31) - 15).map(|_| ());
+    assert!(unmet(text).contains("rows must fit an int32"));
+    // One block of 1024 threads on both vendors, whatever the size.
+    let (_, amd) = simulated("gfx942:sramecc+:xnack-");
+    for device in [&device, &amd] {
+        for tokens in [1, 64, 8192] {
+            let values = [
+                ("tokens", tokens),
+                ("k", 8),
+                ("experts", 256),
+                ("local_experts", 256),
+                ("block_m", 64),
+            ];
+            let dims = shape(&bundle, device, "moe_align_block_size", &values, 1 << 17);
+            assert_eq!((dims.grid, dims.block), ([1, 1, 1], [1024, 1, 1]));
+        }
+    }
+    // The extents: sorted_token_ids holds tokens * k + experts * (block_m - 1) rows, expert_ids
+    // one entry a block of them; one element fewer is refused.
+    let extents = kernel
+        .extents(&described_args(
+            &bundle,
+            "moe_align_block_size",
+            &[
+                ("tokens", 3),
+                ("k", 8),
+                ("experts", 256),
+                ("local_experts", 64),
+                ("block_m", 64),
+            ],
+        ))
+        .unwrap();
+    assert_eq!(
+        extents[..5],
+        [24 + 256 * 63, (24 + 256 * 63_u64).div_ceil(64), 1, 24, 256]
+    );
+}
+
 #[test]
 fn contracts_compute_each_kernels_launch_shape() {
     let (bundle_dir, _) = repo_bundles();

@@ -9,6 +9,7 @@ pub mod conv1d;
 pub mod fp8;
 pub mod gemm;
 pub mod gemm_q8;
+pub mod moe_align;
 pub mod moe_routing;
 pub mod norm;
 pub mod quant;
@@ -28,6 +29,7 @@ pub fn all_planned(rng: &mut impl rand::Rng) -> Vec<Planned> {
         rope::cases(rng),
         topk::cases(rng),
         moe_routing::cases(rng),
+        moe_align::cases(rng),
         conv1d::cases(rng),
         fp8::cases(),
         quant::cases(rng),

@@ -1,0 +1,58 @@
+//! The MoE alignment module on AMD (no AMD GPU runs here): built by the real hkpack for gfx90a,
+//! gfx942 and gfx950, its kernel fits each target without spills or scratch (the manifest's
+//! `no_spills` also fails such a build) and keeps its LDS under the target's limit.
+//!
+//! With `HK_TINYGRAD` set to a tinygrad source tree, the code of all three targets also runs on
+//! its CDNA emulator against a host reference (`tests/emu/moe_align_emu.py`, which runs two
+//! deliberately broken copies that must fail); without it that test says it skipped and passes.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use hk_format::target::TargetId;
+use hkload::Bundle;
+
+/// `(target, LDS bytes a workgroup may have)`.
+const TARGETS: [(&str, u32); 3] = [
+    ("gfx90a", 64 * 1024),
+    ("gfx942", 64 * 1024),
+    ("gfx950", 160 * 1024),
+];
+
+fn build_moe_align(dir: &Path) -> PathBuf {
+    let targets: Vec<&str> = TARGETS.iter().map(|t| t.0).collect();
+    build_repo_modules(dir, &["moe_align.toml"], &targets)
+}
+
+#[test]
+fn moe_align_fits_every_amd_target_without_spills() {
+    let scratch = tempfile::tempdir().unwrap();
+    let bundle = build_moe_align(scratch.path());
+    let kernels = Bundle::open(&bundle).unwrap();
+    let records = kernels.kernel_records().unwrap();
+    assert_eq!(records.len(), 1, "moe_align_block_size alone");
+    let record = &records[0];
+    assert_eq!(record.symbol, "moe_align_block_size");
+    for &(target, lds_limit) in &TARGETS {
+        let target: TargetId = target.parse().unwrap();
+        let abi = record
+            .targets
+            .iter()
+            .find(|abi| abi.target == target)
+            .unwrap_or_else(|| panic!("no code for {target}"));
+        assert_eq!(abi.spills, 0, "spills on {target}");
+        assert_eq!(abi.private_segment_size, 0, "needs scratch on {target}");
+        assert!(
+            abi.group_segment_size <= lds_limit,
+            "{} bytes of LDS on {target}, limit {lds_limit}",
+            abi.group_segment_size
+        );
+    }
+}
+
+#[test]
+fn moe_align_computes_on_the_cdna_emulator() {
+    run_on_emulator("moe_align_emu.py", build_moe_align);
+}
