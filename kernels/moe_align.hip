@@ -138,12 +138,15 @@ HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void moe_align_block_size(
 
   // ---- Each block's expert: the last expert starting at or before its first row (experts
   // without pairs start where the next one does, so the one with pairs is the last of them).
-  const unsigned blocks = static_cast<unsigned>((max_sorted + block_m - 1) / block_m);
-  const unsigned used = total / block_m;
+  // block_m is a power of two: shifts, not a division (which LLVM makes through f32 with
+  // gfx90a's v_mac_f32, an instruction the CDNA emulator cannot decode for gfx90a).
+  const unsigned shift = __builtin_ctz(block_m);
+  const unsigned blocks = static_cast<unsigned>((max_sorted + block_m - 1) >> shift);
+  const unsigned used = total >> shift;
   for (unsigned b = tid; b < blocks; b += kBlock) {
     int id = -1;
     if (b < used) {
-      const unsigned row = b * block_m;
+      const unsigned row = b << shift;
       unsigned lo = 0, hi = local_experts;  // start[lo] <= row < start[hi] (start[L] = total)
       while (hi - lo > 1) {
         const unsigned mid = (lo + hi) / 2;

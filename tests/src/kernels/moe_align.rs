@@ -12,7 +12,7 @@
 
 use hk_format::abi::ScalarType;
 use rand::Rng;
-use rand::seq::SliceRandom;
+use rand::seq::{IndexedRandom, SliceRandom};
 
 use crate::case::{Call, CallArg, Case, CaseArg, Expect, Fill};
 
