@@ -62,18 +62,19 @@ pub fn align(
         usize::try_from(local).ok().filter(|&l| l < local_experts)
     };
     let sentinel = i32::try_from(topk_ids.len()).expect("pairs fit an i32");
+    // Each expert's pairs in order of their flat index (one pass, for 8192 tokens of top-8).
+    let mut pairs_of: Vec<Vec<i32>> = vec![Vec::new(); local_experts];
+    for (i, &id) in topk_ids.iter().enumerate() {
+        if let Some(expert) = local_of(id) {
+            pairs_of[expert].push(i as i32);
+        }
+    }
     let mut sorted = Vec::new();
     let mut expert_ids = Vec::new();
-    for expert in 0..local_experts {
-        let before = sorted.len();
-        sorted.extend(
-            (0..topk_ids.len())
-                .filter(|&i| local_of(topk_ids[i]) == Some(expert))
-                .map(|i| i as i32),
-        );
-        let count = sorted.len() - before;
-        let padded = count.div_ceil(block_m) * block_m;
-        sorted.resize(before + padded, sentinel);
+    for (expert, pairs) in pairs_of.iter().enumerate() {
+        let padded = pairs.len().div_ceil(block_m) * block_m;
+        sorted.extend(pairs);
+        sorted.resize(sorted.len() + padded - pairs.len(), sentinel);
         expert_ids.extend(std::iter::repeat_n(expert as i32, padded / block_m));
     }
     Alignment {
