@@ -8,6 +8,7 @@ pub mod conv1d;
 pub mod fp8;
 pub mod gemm;
 pub mod gemm_q8;
+pub mod moe_gemm;
 pub mod moe_routing;
 pub mod norm;
 pub mod quant;
@@ -29,6 +30,7 @@ pub fn all_cases(rng: &mut impl rand::Rng) -> Vec<Case> {
     cases.extend(conv1d::cases(rng));
     cases.extend(gemm::cases(rng));
     cases.extend(gemm_q8::cases(rng));
+    cases.extend(moe_gemm::cases(rng));
     cases.extend(fp8::cases());
     cases.extend(quant::cases(rng));
     cases.extend(attention::cases(rng));
