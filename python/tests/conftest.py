@@ -66,6 +66,10 @@ SIZES = {
     "renormalize": 1,
     "n_group": 2,
     "topk_group": 2,
+    # MoE GEMMs: 5 tokens top-2 over the 8 experts, rows of h and out 96 wide (ldc), the
+    # combine's y rows too (ldy).
+    "topk": 2,
+    "ldy": 96,
 }
 
 
