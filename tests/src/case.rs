@@ -364,7 +364,11 @@ fn check_one(
                     // hold the poison.
                     Some((w, _)) if w.is_nan() => {
                         if !g.is_nan() {
-                            fail(i, g, "the poison: the kernel must not write this element".into());
+                            fail(
+                                i,
+                                g,
+                                "the poison: the kernel must not write this element".into(),
+                            );
                         }
                     }
                     // Written so that NaN (an unwritten element) fails: NaN is never within.

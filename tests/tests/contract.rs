@@ -341,7 +341,11 @@ fn every_moe_gemm_requirement_is_enforced_and_its_launch_is_fixed() {
     };
     // Held: the call launches, or (buffers too short for the sizes) fails only at an extent.
     let held = |symbol: &str, values: Vec<(&str, u64)>| match call(
-        &bundle, &nvidia, symbol, &values, 1 << 12,
+        &bundle,
+        &nvidia,
+        symbol,
+        &values,
+        1 << 12,
     ) {
         Ok(()) | Err(Error::Launch(LaunchError::Extent { .. })) => {}
         Err(other) => panic!("{symbol} {values:?}: {other}"),
@@ -399,8 +403,16 @@ fn every_moe_gemm_requirement_is_enforced_and_its_launch_is_fixed() {
     ];
     for symbol in ["moe_sum_bf16", "moe_sum_f16"] {
         held(symbol, sum.to_vec());
-        refused(symbol, with(&sum, &[("tokens", 0)]), "tokens must be at least 1");
-        refused(symbol, with(&sum, &[("experts", 0)]), "experts must be at least 1");
+        refused(
+            symbol,
+            with(&sum, &[("tokens", 0)]),
+            "tokens must be at least 1",
+        );
+        refused(
+            symbol,
+            with(&sum, &[("experts", 0)]),
+            "experts must be at least 1",
+        );
         held(symbol, with(&sum, &[("topk", 64)]));
         refused(
             symbol,
@@ -432,11 +444,17 @@ fn every_moe_gemm_requirement_is_enforced_and_its_launch_is_fixed() {
     let gated = "moe_gemm_gated_silu_bf16";
     assert_eq!(launch(&nvidia, gated, 3, 2, 4, 70), ([2, 5, 1], 128, 50176));
     assert_eq!(launch(&amd, gated, 3, 2, 4, 70), ([2, 5, 1], 256, 0));
-    assert_eq!(launch(&nvidia, gated, 1, 8, 256, 256), ([4, 255, 1], 128, 50176));
+    assert_eq!(
+        launch(&nvidia, gated, 1, 8, 256, 256),
+        ([4, 255, 1], 128, 50176)
+    );
     let down = "moe_gemm_down_f16";
     assert_eq!(launch(&nvidia, down, 3, 2, 4, 130), ([2, 5, 1], 128, 66560));
     assert_eq!(launch(&amd, down, 3, 2, 4, 130), ([2, 5, 1], 256, 0));
-    assert_eq!(launch(&amd, "moe_sum_bf16", 3, 2, 4, 130), ([3, 1, 1], 256, 0));
+    assert_eq!(
+        launch(&amd, "moe_sum_bf16", 3, 2, 4, 130),
+        ([3, 1, 1], 256, 0)
+    );
 }
 
 #[test]

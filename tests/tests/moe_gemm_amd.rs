@@ -87,7 +87,11 @@ fn moe_gemm_fits_every_amd_target_and_uses_its_mfma() {
             let mnemonics = mnemonics(body);
             let mfmas = mnemonics.iter().filter(|m| m.starts_with("v_mfma")).count();
             if record.symbol.starts_with("moe_sum") {
-                assert_eq!(mfmas, 0, "{} on {target} multiplies matrices", record.symbol);
+                assert_eq!(
+                    mfmas, 0,
+                    "{} on {target} multiplies matrices",
+                    record.symbol
+                );
                 continue;
             }
             let (want, other) = if record.symbol.ends_with("_bf16") {

@@ -146,7 +146,11 @@ pub fn route(shape: &MoeShape, rng: &mut impl Rng) -> Routed {
             Routing::Few => topk_ids.extend(sample(rng, (topk + 2).min(experts), topk)),
             Routing::OneExpert => {
                 topk_ids.push(0);
-                topk_ids.extend(sample(rng, experts - 1, topk - 1).into_iter().map(|e| e + 1));
+                topk_ids.extend(
+                    sample(rng, experts - 1, topk - 1)
+                        .into_iter()
+                        .map(|e| e + 1),
+                );
             }
         }
     }
@@ -509,7 +513,17 @@ pub fn sum_case(ty: ScalarType, shape: &MoeShape, rng: &mut impl Rng) -> Case {
 /// scaled down), experts with no token, all tokens on one expert, half the experts local;
 /// tails in n and k (not multiples of the blocks or the 32-deep steps), strided rows, rows that
 /// are not 16-byte aligned (odd leading dimensions: the element-wise copies).
-const SHAPES: [(usize, usize, usize, usize, usize, usize, usize, usize, Routing); 10] = [
+const SHAPES: [(
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    Routing,
+); 10] = [
     (1, 8, 2, 64, 128, 0, 0, 1, Routing::Uniform),
     (3, 8, 2, 70, 61, 3, 2, 1, Routing::Uniform),
     (64, 8, 8, 136, 200, 8, 0, 1, Routing::Uniform),
