@@ -170,8 +170,10 @@ HK_DEVICE void moe_sum(T* __restrict__ y, const T* __restrict__ out,
     const T* rows = out + static_cast<unsigned long long>(t) * topk * ldo;
     for (unsigned col = hk::thread_idx_x(); col < n; col += kSumThreads) {
       float sum = 0.0f;
-      for (unsigned j = 0; j < topk; ++j)
-        if ((local >> j) & 1) sum += hk::to_float(rows[static_cast<unsigned long long>(j) * ldo + col]);
+      for (unsigned j = 0; j < topk; ++j) {
+        const unsigned long long at = static_cast<unsigned long long>(j) * ldo + col;
+        if ((local >> j) & 1) sum += hk::to_float(rows[at]);
+      }
       y[static_cast<unsigned long long>(t) * ldy + col] = hk::from_float<T>(sum);
     }
   }
