@@ -150,8 +150,8 @@ HK_DEVICE void moe_gemm(T* __restrict__ c, const T* __restrict__ a, const T* __r
   });
 }
 
-// The combine's blocks: kSumThreads threads, each token's row walked by all of them, blocks
-// striding over the tokens.
+// The combine's blocks: kSumThreads columns of a token's row each, the grid's y over the row's
+// columns (so that a decode step's few tokens still fill the GPU), x striding over the tokens.
 constexpr unsigned kSumThreads = 256;
 
 template <typename T>
@@ -168,14 +168,14 @@ HK_DEVICE void moe_sum(T* __restrict__ y, const T* __restrict__ out,
         local |= 1ull << j;
     }
     const T* rows = out + static_cast<unsigned long long>(t) * topk * ldo;
-    for (unsigned col = hk::thread_idx_x(); col < n; col += kSumThreads) {
-      float sum = 0.0f;
-      for (unsigned j = 0; j < topk; ++j) {
-        const unsigned long long at = static_cast<unsigned long long>(j) * ldo + col;
-        if ((local >> j) & 1) sum += hk::to_float(rows[at]);
-      }
-      y[static_cast<unsigned long long>(t) * ldy + col] = hk::from_float<T>(sum);
+    const unsigned col = hk::block_idx_y() * kSumThreads + hk::thread_idx_x();
+    if (col >= n) continue;
+    float sum = 0.0f;
+    for (unsigned j = 0; j < topk; ++j) {
+      const unsigned long long at = static_cast<unsigned long long>(j) * ldo + col;
+      if ((local >> j) & 1) sum += hk::to_float(rows[at]);
     }
+    y[static_cast<unsigned long long>(t) * ldy + col] = hk::from_float<T>(sum);
   }
 }
 

@@ -419,6 +419,12 @@ fn every_moe_gemm_requirement_is_enforced_and_its_launch_is_fixed() {
             with(&sum, &[("topk", 65)]),
             "the combine sums at most 64 choices a token",
         );
+        held(symbol, with(&sum, &[("n", 16_776_960)]));
+        refused(
+            symbol,
+            with(&sum, &[("n", 16_776_961)]),
+            "n must be at most 16776960",
+        );
         refused(symbol, with(&sum, &[("ldo", 4)]), "`ldo >= n`");
         refused(symbol, with(&sum, &[("ldy", 4)]), "`ldy >= n`");
     }
@@ -451,9 +457,14 @@ fn every_moe_gemm_requirement_is_enforced_and_its_launch_is_fixed() {
     let down = "moe_gemm_down_f16";
     assert_eq!(launch(&nvidia, down, 3, 2, 4, 130), ([2, 5, 1], 128, 66560));
     assert_eq!(launch(&amd, down, 3, 2, 4, 130), ([2, 5, 1], 256, 0));
+    // The combine: a token's row in blocks of 256 columns along y.
     assert_eq!(
         launch(&amd, "moe_sum_bf16", 3, 2, 4, 130),
         ([3, 1, 1], 256, 0)
+    );
+    assert_eq!(
+        launch(&nvidia, "moe_sum_f16", 1, 8, 256, 7168),
+        ([1, 28, 1], 256, 0)
     );
 }
 
@@ -1426,9 +1437,9 @@ fn row_kernels_launch_for_every_row_count() {
                     vec![
                         ("topk", 8),
                         ("experts", 256),
-                        ("n", 7168),
-                        ("ldo", 7168),
-                        ("ldy", 7168),
+                        ("n", 256),
+                        ("ldo", 256),
+                        ("ldy", 256),
                     ],
                 ),
             ] {
