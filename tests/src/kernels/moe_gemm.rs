@@ -595,8 +595,8 @@ mod tests {
         assert_eq!(layout.num_tokens_post_pad, 8);
         // An expert with no choice takes no block.
         let layout = align(&[2, 2, 2], &[0, 1, 2], 3, 2);
-        assert_eq!(layout.sorted_token_ids, [0, 1, 2, 3, 3, 3, 3, 3, 3]);
-        assert_eq!(layout.expert_ids, [2, 2, -1, -1, -1]);
+        assert_eq!(layout.sorted_token_ids, [0, 1, 2, 3, 3, 3]);
+        assert_eq!(layout.expert_ids, [2, 2, -1]);
         assert_eq!(layout.num_tokens_post_pad, 4);
     }
 
@@ -631,7 +631,9 @@ mod tests {
         // fails when one is written or a wanted element is not.
         let case = cases
             .iter()
-            .find(|c| c.kernel.starts_with("moe_gemm_down") && c.label.contains("local=8"))
+            .find(|c| {
+                c.kernel.starts_with("moe_gemm_down") && c.label.contains("experts=16 local=8")
+            })
             .unwrap();
         let CaseArg::Output {
             expect:
