@@ -419,12 +419,9 @@ fn every_moe_gemm_requirement_is_enforced_and_its_launch_is_fixed() {
             with(&sum, &[("topk", 65)]),
             "the combine sums at most 64 choices a token",
         );
-        held(symbol, with(&sum, &[("n", 16_776_960)]));
-        refused(
-            symbol,
-            with(&sum, &[("n", 16_776_961)]),
-            "n must be at most 16776960",
-        );
+        let wide = |n| with(&sum, &[("n", n), ("ldo", n), ("ldy", n)]);
+        held(symbol, wide(16_776_960));
+        refused(symbol, wide(16_776_961), "n must be at most 16776960");
         refused(symbol, with(&sum, &[("ldo", 4)]), "`ldo >= n`");
         refused(symbol, with(&sum, &[("ldy", 4)]), "`ldy >= n`");
     }
