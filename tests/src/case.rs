@@ -362,15 +362,12 @@ fn check_one(
                 match layout.at(i) {
                     // A NaN reference is an element the kernel must not write: it must still
                     // hold the poison.
-                    Some((w, _)) if w.is_nan() => {
-                        if !g.is_nan() {
-                            fail(
-                                i,
-                                g,
-                                "the poison: the kernel must not write this element".into(),
-                            );
-                        }
-                    }
+                    Some((w, _)) if w.is_nan() && !g.is_nan() => fail(
+                        i,
+                        g,
+                        "the poison: the kernel must not write this element".into(),
+                    ),
+                    Some((w, _)) if w.is_nan() => {}
                     // Written so that NaN (an unwritten element) fails: NaN is never within.
                     // An infinite reference (a log-sum-exp over nothing) takes only itself.
                     Some((w, tolerance)) => {

@@ -77,9 +77,7 @@ pub fn align(
             }
         }
         at = start + (at - start).div_ceil(block_m) * block_m;
-        for block in start / block_m..at / block_m {
-            expert_ids[block] = e as i32;
-        }
+        expert_ids[start / block_m..at / block_m].fill(e as i32);
     }
     SortedLayout {
         sorted_token_ids,
@@ -508,12 +506,9 @@ pub fn sum_case(ty: ScalarType, shape: &MoeShape, rng: &mut impl Rng) -> Case {
     )
 }
 
-/// `(tokens, experts, topk, n, k, pad_a, pad_c, local_every, routing)`: decode (1 and 3
-/// tokens), 64, 1000 and 4096 tokens; Mixtral's 8 experts top-2, 64 experts top-8 (Qwen3's 128
-/// scaled down), experts with no token, all tokens on one expert, half the experts local;
-/// tails in n and k (not multiples of the blocks or the 32-deep steps), strided rows, rows that
-/// are not 16-byte aligned (odd leading dimensions: the element-wise copies).
-const SHAPES: [(
+/// A shape as a row of numbers: `(tokens, experts, topk, n, k, pad_a, pad_c, local_every,
+/// routing)`.
+type ShapeRow = (
     usize,
     usize,
     usize,
@@ -523,7 +518,14 @@ const SHAPES: [(
     usize,
     usize,
     Routing,
-); 10] = [
+);
+
+/// The shapes: decode (1 and 3
+/// tokens), 64, 1000 and 4096 tokens; Mixtral's 8 experts top-2, 64 experts top-8 (Qwen3's 128
+/// scaled down), experts with no token, all tokens on one expert, half the experts local;
+/// tails in n and k (not multiples of the blocks or the 32-deep steps), strided rows, rows that
+/// are not 16-byte aligned (odd leading dimensions: the element-wise copies).
+const SHAPES: [ShapeRow; 10] = [
     (1, 8, 2, 64, 128, 0, 0, 1, Routing::Uniform),
     (3, 8, 2, 70, 61, 3, 2, 1, Routing::Uniform),
     (64, 8, 8, 136, 200, 8, 0, 1, Routing::Uniform),
