@@ -37,7 +37,10 @@ namespace {
 
 using hk::tile::BatchStrides;
 using hk::tile::BLayout;
+using hk::tile::GeluTanhGate;
 using hk::tile::GridZ;
+using hk::tile::Plain;
+using hk::tile::SiluGate;
 using hk::tile::Tiling;
 
 // 128 x 128 blocks, four waves of 64 x 64, 32 deep: NVIDIA in 4 stages of dynamic shared
@@ -63,25 +66,6 @@ static_assert(Square::kStages * sizeof(hk::tile::MmaStage<Square, hk::bf16, BLay
                       65536,
               "Square's stages no longer match the `shared` of manifests/gemm.toml's contract");
 #endif
-
-// What C is made of: one product (Plain), or, for the gated GEMM, act(A·W_gateᵀ) ⊙ A·W_upᵀ
-// from two products (each activation computed as kernels/activation.hip computes it).
-struct Plain {
-  static constexpr unsigned kProducts = 1;
-};
-struct SiluGate {
-  static constexpr unsigned kProducts = 2;
-  HK_DEVICE float operator()(float x) const { return x * hk::sigmoid(x); }
-};
-// gelu_tanh(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): the
-// sigmoid form keeps its digits for x << 0, where 1 + tanh(u) cancels (as activation.hip's).
-struct GeluTanhGate {
-  static constexpr unsigned kProducts = 2;
-  HK_DEVICE float operator()(float x) const {
-    const float u = 0.79788456080286536f * hk::fma(0.044715f * x, x * x, x);
-    return x * hk::sigmoid(2.0f * u);
-  }
-};
 
 template <class Tl, typename T, typename Out, BLayout kB, bool kBias, GridZ kZ,
           class Combine = Plain>
@@ -116,13 +100,8 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
   }
   if constexpr (kProducts == 2) acc[1].zero();
 
-  hk::tile::k_loop(block, range, [&](const auto& stage, unsigned) HK_INLINE {
-#pragma unroll
-    for (unsigned kk = 0; kk < Tl::kTileK; kk += Acc::Atom::kK)
-#pragma unroll
-      for (unsigned p = 0; p < kProducts; ++p)
-        hk::tile::mma<kB>(acc[p], stage.a, stage.b[p], block.wave_row, block.wave_col, kk);
-  });
+  hk::tile::k_loop(block, range, [&](const auto& stage, unsigned)
+                       HK_INLINE { hk::tile::mma_stage(acc, stage, block); });
 
   // C = the sum (+ bias) in C's type, or for split K C += it with f32 atomics.
   const auto put = [&](unsigned r, unsigned col, float v) HK_INLINE {
@@ -135,12 +114,7 @@ HK_DEVICE void gemm(Out* __restrict__ c, const T* __restrict__ a, const T* __res
         *to = hk::from_float<Out>(v);
     }
   };
-  if constexpr (kProducts == 1) {
-    acc[0].for_each(put);
-  } else {
-    hk::tile::for_each_pair(acc[0], acc[1], [&](unsigned r, unsigned col, float gate, float up)
-                                                HK_INLINE { put(r, col, Combine{}(gate) * up); });
-  }
+  hk::tile::for_each_result<Combine>(acc, put);
 }
 
 #if HK_SM90A

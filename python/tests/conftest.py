@@ -69,6 +69,10 @@ SIZES = {
     # MoE alignment: 6 of the 8 experts local, blocks of 16 rows.
     "local_experts": 6,
     "block_m": 16,
+    # MoE GEMMs: 5 tokens top-2 over the 8 experts, rows of h and out 96 wide (ldc), the
+    # combine's y rows too (ldy).
+    "topk": 2,
+    "ldy": 96,
 }
 
 

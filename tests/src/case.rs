@@ -28,7 +28,9 @@ pub enum Expect {
     /// A strided output (rows `stride` elements apart, as a leading dimension makes them):
     /// element `r · stride + i` close to `want[r · row_len + i]` for `i < row_len`, as
     /// [`Expect::Close`] says; every element between and after the rows must still hold the
-    /// poison (NaN), as a kernel must never write there.
+    /// poison (NaN), as a kernel must never write there. In this form and the others compared
+    /// to a reference, a NaN in `want` marks an element the kernel must not write either (a row
+    /// of an output that the call leaves alone).
     StridedClose {
         want: Vec<f64>,
         row_len: usize,
@@ -360,6 +362,14 @@ fn check_one(
             compare_len(name, got.len(), layout.len())?;
             for (i, &g) in got.iter().enumerate() {
                 match layout.at(i) {
+                    // A NaN reference is an element the kernel must not write: it must still
+                    // hold the poison.
+                    Some((w, _)) if w.is_nan() && !g.is_nan() => fail(
+                        i,
+                        g,
+                        "the poison: the kernel must not write this element".into(),
+                    ),
+                    Some((w, _)) if w.is_nan() => {}
                     // Written so that NaN (an unwritten element) fails: NaN is never within.
                     // An infinite reference (a log-sum-exp over nothing) takes only itself.
                     Some((w, tolerance)) => {

@@ -459,6 +459,149 @@ fn every_moe_align_requirement_is_enforced_on_both_sides_of_its_boundary() {
     );
 }
 
+/// The MoE grouped GEMMs' and the combine's clauses (manifests/moe_gemm.toml), each at the last
+/// value it accepts and the first it refuses, and their launches: the GEMMs' grid covers every
+/// block of sorted rows the layout may have, whatever the routing (a fixed shape, for CUDA
+/// graphs), with the stages and the row map in dynamic shared memory on NVIDIA.
+#[test]
+fn every_moe_gemm_requirement_is_enforced_and_its_launch_is_fixed() {
+    let (bundle_dir, _) = repo_bundles();
+    let bundle = Bundle::open(bundle_dir).unwrap();
+    let (_, nvidia) = simulated("sm_90");
+    let (_, amd) = simulated("gfx942:sramecc+:xnack-");
+    let with = |base: &[(&'static str, u64)], changes: &[(&'static str, u64)]| {
+        let mut values = base.to_vec();
+        for &(name, value) in changes {
+            values.iter_mut().find(|(n, _)| *n == name).unwrap().1 = value;
+        }
+        values
+    };
+    // Held: the call launches, or (buffers too short for the sizes) fails only at an extent.
+    let held = |symbol: &str, values: Vec<(&str, u64)>| match call(
+        &bundle,
+        &nvidia,
+        symbol,
+        &values,
+        1 << 12,
+    ) {
+        Ok(()) | Err(Error::Launch(LaunchError::Extent { .. })) => {}
+        Err(other) => panic!("{symbol} {values:?}: {other}"),
+    };
+    let refused = |symbol: &str, values: Vec<(&str, u64)>, needle: &str| {
+        let text = unmet(call(&bundle, &nvidia, symbol, &values, 1 << 12));
+        assert!(text.contains(needle), "{symbol} {values:?}: {text}");
+    };
+    let gemm = [
+        ("tokens", 3),
+        ("topk", 2),
+        ("experts", 4),
+        ("n", 5),
+        ("k", 4),
+        ("lda", 4),
+        ("ldc", 5),
+    ];
+    for symbol in ["moe_gemm_gated_silu_bf16", "moe_gemm_down_f16"] {
+        held(symbol, gemm.to_vec());
+        for (name, message) in [
+            ("tokens", "tokens must be at least 1"),
+            ("topk", "topk must be at least 1"),
+            ("experts", "experts must be at least 1"),
+            ("n", "n must be at least 1"),
+            ("k", "k must be at least 1"),
+        ] {
+            held(symbol, with(&gemm, &[(name, 1)]));
+            refused(symbol, with(&gemm, &[(name, 0)]), message);
+        }
+        refused(
+            symbol,
+            with(&gemm, &[("lda", 3)]),
+            "`lda >= k` is false with lda = 3, k = 4",
+        );
+        refused(
+            symbol,
+            with(&gemm, &[("ldc", 4)]),
+            "`ldc >= n` is false with ldc = 4, n = 5",
+        );
+        // tokens * topk + experts * 127 sorted rows at most: 8388480 = 8387972 + 4 * 127.
+        held(symbol, with(&gemm, &[("tokens", 8_387_972), ("topk", 1)]));
+        refused(
+            symbol,
+            with(&gemm, &[("tokens", 8_387_973), ("topk", 1)]),
+            "must be at most 8388480",
+        );
+    }
+    let sum = [
+        ("tokens", 3),
+        ("topk", 2),
+        ("experts", 4),
+        ("n", 5),
+        ("ldo", 5),
+        ("ldy", 5),
+    ];
+    for symbol in ["moe_sum_bf16", "moe_sum_f16"] {
+        held(symbol, sum.to_vec());
+        refused(
+            symbol,
+            with(&sum, &[("tokens", 0)]),
+            "tokens must be at least 1",
+        );
+        refused(
+            symbol,
+            with(&sum, &[("experts", 0)]),
+            "experts must be at least 1",
+        );
+        held(symbol, with(&sum, &[("topk", 64)]));
+        refused(
+            symbol,
+            with(&sum, &[("topk", 65)]),
+            "the combine sums at most 64 choices a token",
+        );
+        let wide = |n| with(&sum, &[("n", n), ("ldo", n), ("ldy", n)]);
+        held(symbol, wide(16_776_960));
+        refused(symbol, wide(16_776_961), "n must be at most 16776960");
+        refused(symbol, with(&sum, &[("ldo", 4)]), "`ldo >= n`");
+        refused(symbol, with(&sum, &[("ldy", 4)]), "`ldy >= n`");
+    }
+
+    // Launches: 3 tokens top-2 over 4 experts may fill 6 + 4 * 127 = 514 sorted rows, 5
+    // blocks of 128, however they are routed; DeepSeek-V3's decode step (1 token, top-8 of 256)
+    // 8 + 256 * 127 rows, 255 blocks.
+    let launch = |device, symbol, tokens, topk, experts, n| {
+        let values = [
+            ("tokens", tokens),
+            ("topk", topk),
+            ("experts", experts),
+            ("n", n),
+            ("k", 64),
+            ("lda", 64),
+            ("ldc", n),
+            ("ldo", n),
+            ("ldy", n),
+        ];
+        let dims = shape(&bundle, device, symbol, &values, 1 << 23);
+        (dims.grid, dims.block[0], dims.shared_bytes)
+    };
+    let gated = "moe_gemm_gated_silu_bf16";
+    assert_eq!(launch(&nvidia, gated, 3, 2, 4, 70), ([2, 5, 1], 128, 50176));
+    assert_eq!(launch(&amd, gated, 3, 2, 4, 70), ([2, 5, 1], 256, 0));
+    assert_eq!(
+        launch(&nvidia, gated, 1, 8, 256, 256),
+        ([4, 255, 1], 128, 50176)
+    );
+    let down = "moe_gemm_down_f16";
+    assert_eq!(launch(&nvidia, down, 3, 2, 4, 130), ([2, 5, 1], 128, 66560));
+    assert_eq!(launch(&amd, down, 3, 2, 4, 130), ([2, 5, 1], 256, 0));
+    // The combine: a token's row in blocks of 256 columns along y.
+    assert_eq!(
+        launch(&amd, "moe_sum_bf16", 3, 2, 4, 130),
+        ([3, 1, 1], 256, 0)
+    );
+    assert_eq!(
+        launch(&nvidia, "moe_sum_f16", 1, 8, 256, 7168),
+        ([1, 28, 1], 256, 0)
+    );
+}
+
 #[test]
 fn contracts_compute_each_kernels_launch_shape() {
     let (bundle_dir, _) = repo_bundles();
@@ -1386,7 +1529,7 @@ fn every_attention_backward_requirement_is_enforced_on_both_sides_of_its_boundar
 }
 
 /// Kernels whose grids grow with their rows (the norms, softmax, per-token and block
-/// quantization, top-k, MoE routing) take every row count a u32 holds, on both vendors: their
+/// quantization, top-k, MoE routing and the MoE combine) take every row count a u32 holds, on both vendors: their
 /// blocks stride over the rows, so the grid stops growing at 2^20 blocks instead of passing a
 /// device's limit (2^31 rows of RMSNorm were refused on AMD, u32::MAX rows of top-k
 /// everywhere). The buffers such calls need do not fit in memory, so they are described, not
@@ -1421,6 +1564,16 @@ fn row_kernels_launch_for_every_row_count() {
                         ("n_group", 8),
                         ("topk_group", 4),
                         ("k", 8),
+                    ],
+                ),
+                (
+                    "moe_sum_bf16",
+                    vec![
+                        ("topk", 8),
+                        ("experts", 256),
+                        ("n", 256),
+                        ("ldo", 256),
+                        ("ldy", 256),
                     ],
                 ),
             ] {

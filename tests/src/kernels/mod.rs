@@ -10,6 +10,7 @@ pub mod fp8;
 pub mod gemm;
 pub mod gemm_q8;
 pub mod moe_align;
+pub mod moe_gemm;
 pub mod moe_routing;
 pub mod norm;
 pub mod quant;
@@ -37,6 +38,7 @@ pub fn all_planned(rng: &mut impl rand::Rng) -> Vec<Planned> {
     let mut planned: Vec<Planned> = made.into_iter().flatten().map(Planned::made).collect();
     planned.extend(gemm::plan(rng));
     planned.extend(gemm_q8::plan(rng));
+    planned.extend(moe_gemm::plan(rng));
     planned.extend(attention::plan(rng));
     planned.extend(attention_backward::plan(rng));
     planned

@@ -4,6 +4,10 @@
 // covers whole consecutive rows: coalesced reads, conflict-free shared writes. Elements past
 // the matrix's rows or columns arrive as zeros, so a partial block multiplies as if padded.
 //
+// The source is a matrix view: GlobalMatrix (rows ld apart) or GatheredRows (each row of the
+// block picked from another matrix by an index, as a MoE GEMM gathers its tokens). Both give
+// row(r), rows, cols, ld and data, and for the whole-chunk walk origin() and row_offset().
+//
 // Two ways:
 //   copy_async (NVIDIA): cp.async of 16 bytes straight into shared memory, no registers, in
 //     flight until async_wait; its src-size operand zero-fills the part of a chunk past the
@@ -25,6 +29,7 @@ namespace hk::tile {
 
 // A row-major matrix in global memory: rows x cols elements, rows ld elements apart.
 template <typename T> struct GlobalMatrix {
+  using Element = T;
   const T* data;
   unsigned rows, cols;
   unsigned long long ld;
@@ -32,6 +37,43 @@ template <typename T> struct GlobalMatrix {
   HK_DEVICE const T* row(unsigned r) const { return data + r * ld; }
   // Whether every chunk of every row starts 16-byte aligned.
   HK_DEVICE bool vector_rows() const { return aligned16(data) && ld % kVec16<T> == 0; }
+
+  // The whole-chunk walk's addressing (StagedCopy::aim): a block of rows from row0 is read as
+  // element offsets from origin(row0), row r's at row_offset(row0, r), and every offset of a
+  // block of block_rows rows fits in 32 bits of bytes when offsets_fit(block_rows).
+  HK_DEVICE const T* origin(unsigned row0) const { return row(row0); }
+  HK_DEVICE unsigned long long row_offset(unsigned row0, unsigned r) const {
+    return (r - row0) * ld;
+  }
+  HK_DEVICE bool offsets_fit(unsigned block_rows) const {
+    return static_cast<unsigned long long>(block_rows) * ld * sizeof(T) <= 0xffffffffull;
+  }
+};
+
+// Rows picked from a matrix by an index: rows first .. first + count - 1 of the view are rows
+// index[0 .. count - 1] of data (source_rows rows of cols elements, ld apart). A MoE GEMM's
+// block of tokens, gathered from the activations in the routing's sorted order. The kernel
+// fills the index in shared memory once, before its K loop, so that the copies of every step
+// read it there; rows = first + count, so that a block at first sees count rows.
+template <typename T> struct GatheredRows {
+  using Element = T;
+  const T* data;
+  const unsigned* index;
+  unsigned first, rows, cols;
+  unsigned long long ld;
+  unsigned source_rows;
+
+  HK_DEVICE const T* row(unsigned r) const { return data + index[r - first] * ld; }
+  HK_DEVICE bool vector_rows() const { return aligned16(data) && ld % kVec16<T> == 0; }
+
+  // As GlobalMatrix's, from the source matrix's start: a block's rows lie anywhere in it.
+  HK_DEVICE const T* origin(unsigned) const { return data; }
+  HK_DEVICE unsigned long long row_offset(unsigned, unsigned r) const {
+    return index[r - first] * ld;
+  }
+  HK_DEVICE bool offsets_fit(unsigned) const {
+    return static_cast<unsigned long long>(source_rows) * ld * sizeof(T) <= 0xffffffffull;
+  }
 };
 
 namespace detail {
@@ -61,9 +103,9 @@ template <class Tile, unsigned kThreads> struct Deal {
 
 // Calls f(i, chunk, src) for the i-th of the tile's chunks that `thread` copies from the block
 // of g at (row0, col0): the chunk's place and valid elements, and where it starts in g.
-template <class Tile, unsigned kThreads, typename T, typename F>
-HK_DEVICE void for_each_chunk(const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
-                              unsigned thread, F f) {
+template <class Tile, unsigned kThreads, class Matrix, typename F>
+HK_DEVICE void for_each_chunk(const Matrix& g, unsigned row0, unsigned col0, unsigned thread,
+                              F f) {
   using Deal = detail::Deal<Tile, kThreads>;
   const unsigned rows_left = left(g.rows, row0);
   const unsigned cols_left = left(g.cols, col0);
@@ -80,10 +122,11 @@ HK_DEVICE void for_each_chunk(const GlobalMatrix<T>& g, unsigned row0, unsigned 
 #if HK_NVIDIA
 // Starts copying the block of g at (row0, col0) into s (see the header); complete once
 // async_wait says so. g.vector_rows() must hold.
-template <unsigned kThreads, class Tile, typename T>
-HK_DEVICE void copy_async(Tile& s, const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
+template <unsigned kThreads, class Tile, class Matrix>
+HK_DEVICE void copy_async(Tile& s, const Matrix& g, unsigned row0, unsigned col0,
                           unsigned thread) {
   using Deal = detail::Deal<Tile, kThreads>;
+  using T = typename Matrix::Element;
 #pragma unroll
   for (unsigned i = 0; i < Deal::kPerThread; ++i) {
     if (Deal::skip(thread + i * kThreads)) break;
@@ -165,9 +208,10 @@ template <int kPending> HK_DEVICE void async_wait() { __nvvm_cp_async_wait_group
 // Copies the block of g at (row0, col0) into s element by element, each value straight from
 // global to shared memory: for rows that are not 16-byte aligned where registers are short
 // (a StagedCopy's chunks stay live across the block's loads). Any alignment, any ld.
-template <unsigned kThreads, class Tile, typename T>
-HK_DEVICE void copy_elements(Tile& s, const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
+template <unsigned kThreads, class Tile, class Matrix>
+HK_DEVICE void copy_elements(Tile& s, const Matrix& g, unsigned row0, unsigned col0,
                              unsigned thread) {
+  using T = typename Matrix::Element;
   detail::for_each_chunk<Tile, kThreads>(
       g, row0, col0, thread, [&](unsigned, const detail::ChunkAt<Tile>& c, const T* src) HK_INLINE {
         T* to = s.at(c.row, c.col);
@@ -185,9 +229,10 @@ template <class Tile, unsigned kThreads> struct StagedCopy {
   using Chunk = detail::ChunkAt<Tile>;
   u32x4 chunk[kPerThread];
 
-  template <typename T>
-  HK_DEVICE void fetch(const GlobalMatrix<T>& g, unsigned row0, unsigned col0, unsigned thread,
+  template <class Matrix>
+  HK_DEVICE void fetch(const Matrix& g, unsigned row0, unsigned col0, unsigned thread,
                        bool vector) {
+    using T = typename Matrix::Element;
     detail::for_each_chunk<Tile, kThreads>(
         g, row0, col0, thread, [&](unsigned i, const Chunk& c, const T* src) HK_INLINE {
           if (vector && c.valid == Tile::kChunk) {
@@ -205,40 +250,42 @@ template <class Tile, unsigned kThreads> struct StagedCopy {
   // The whole-chunk walk (AMD): for a K loop whose every block lies whole inside g or wholly
   // past its last row or column (16-byte aligned rows; a chunk past the last column only where
   // cols is a multiple of a chunk), with nothing decided per chunk: aim() fixes this
-  // thread's chunks once, as byte offsets from a block's first element, and fetch_whole() then
-  // loads each with one 16-byte buffer load from the block's (uniform) start. A chunk outside g
-  // reads g's nearest one (its last row, its last chunk of a row) instead of zeros: for blocks
-  // whose outside rows and columns reach only sums that are never stored (a GEMM's M and N
-  // edges). The offsets hold for every block that keeps aim()'s clamping, i.e. that moves only
-  // along the dimension nothing leaves (K), and they are 32 bits (see addressable()).
+  // thread's chunks once, as byte offsets from the block's origin (g.origin: its first row, or
+  // a gathered view's source matrix), and fetch_whole() then loads each with one 16-byte buffer
+  // load from the block's (uniform) origin. A chunk outside g reads g's nearest one (its last
+  // row, its last chunk of a row) instead of zeros: for blocks whose outside rows and columns
+  // reach only sums that are never stored (a GEMM's M and N edges). The offsets hold for every
+  // block that keeps aim()'s clamping, i.e. that moves only along the dimension nothing leaves
+  // (K), and they are 32 bits (see addressable()).
   unsigned offset[kPerThread];
 
   // Whether a block's offsets fit in 32 bits.
-  template <typename T> static HK_DEVICE bool addressable(const GlobalMatrix<T>& g) {
-    return static_cast<unsigned long long>(Tile::kRows) * g.ld * sizeof(T) <= 0xffffffffull;
+  template <class Matrix> static HK_DEVICE bool addressable(const Matrix& g) {
+    return g.offsets_fit(Tile::kRows);
   }
 
-  template <typename T>
-  HK_DEVICE void aim(const GlobalMatrix<T>& g, unsigned row0, unsigned col0, unsigned thread) {
+  template <class Matrix>
+  HK_DEVICE void aim(const Matrix& g, unsigned row0, unsigned col0, unsigned thread) {
+    using T = typename Matrix::Element;
 #pragma unroll
     for (unsigned i = 0; i < kPerThread; ++i) {
       const unsigned at = thread + i * kThreads;
       if (Deal::skip(at)) break;
-      const unsigned row = detail::min_u(row0 + at / Tile::kChunksPerRow, g.rows - 1) - row0;
+      const unsigned row = detail::min_u(row0 + at / Tile::kChunksPerRow, g.rows - 1);
       const unsigned col =
           detail::min_u(col0 + at % Tile::kChunksPerRow * Tile::kChunk, g.cols - Tile::kChunk) -
           col0;
-      offset[i] = static_cast<unsigned>((row * g.ld + col) * sizeof(T));
+      offset[i] = static_cast<unsigned>((g.row_offset(row0, row) + col) * sizeof(T));
     }
   }
 
-  template <typename T>
-  HK_DEVICE void fetch_whole(const GlobalMatrix<T>& g, unsigned row0, unsigned col0,
-                             unsigned thread) {
-    // A raw buffer (stride 0) over 4 GiB from the block's start, so that no load is cut off;
+  template <class Matrix>
+  HK_DEVICE void fetch_whole(const Matrix& g, unsigned row0, unsigned col0, unsigned thread) {
+    // A raw buffer (stride 0) over 4 GiB from the block's origin, so that no load is cut off;
     // the last word is the data format CDNA's buffer loads need (32-bit elements).
+    using T = typename Matrix::Element;
     const __amdgpu_buffer_rsrc_t block = __builtin_amdgcn_make_buffer_rsrc(
-        const_cast<T*>(g.row(row0) + col0), 0, -1, 0x00020000);
+        const_cast<T*>(g.origin(row0) + col0), 0, -1, 0x00020000);
 #pragma unroll
     for (unsigned i = 0; i < kPerThread; ++i) {
       if (Deal::skip(thread + i * kThreads)) break;

@@ -89,10 +89,12 @@ template <class Tl, typename T, BLayout kB, unsigned kProducts> struct MmaStage 
   BTile b[kProducts];
 };
 
-// A block's operands and place: A [M][K] and kProducts B matrices (B [N][K] or [K][N] as kB says,
-// of elements TB: T, or an FP8 type widened to T on the way), the block's corner in C (from
-// block_tile()) and the calling wave's corner in the block.
-template <class Tl_, typename T, BLayout kB_, unsigned kProducts_ = 1, typename TB = T>
+// A block's operands and place: A [M][K] (a GlobalMatrix, or rows gathered by an index:
+// AMatrix) and kProducts B matrices (B [N][K] or [K][N] as kB says, of elements TB: T, or an FP8
+// type widened to T on the way), the block's corner in C (from block_tile()) and the calling
+// wave's corner in the block.
+template <class Tl_, typename T, BLayout kB_, unsigned kProducts_ = 1, typename TB = T,
+          class AMatrix = GlobalMatrix<T>>
 struct MmaBlock {
   using Tl = Tl_;
   static constexpr BLayout kB = kB_;
@@ -101,14 +103,19 @@ struct MmaBlock {
   using BElement = TB;
   using Stage = MmaStage<Tl, T, kB, kProducts>;
 
-  GlobalMatrix<T> a;
+  AMatrix a;
   GlobalMatrix<TB> b[kProducts];
   unsigned row0, col0, wave_row, wave_col;
 
   // b[p] points at product p's B, each with leading dimension ldb.
   HK_DEVICE MmaBlock(const T* a_data, const TB* const* b_data, unsigned m, unsigned n, unsigned k,
                      unsigned lda, unsigned ldb)
-      : a{a_data, m, k, lda} {
+      : MmaBlock(AMatrix{a_data, m, k, lda}, b_data, n, k, ldb) {}
+
+  // A given as a view whose K is k.
+  HK_DEVICE MmaBlock(const AMatrix& a_view, const TB* const* b_data, unsigned n, unsigned k,
+                     unsigned ldb)
+      : a(a_view) {
 #pragma unroll
     for (unsigned p = 0; p < kProducts; ++p)
       b[p] = kB == BLayout::kNK ? GlobalMatrix<TB>{b_data[p], n, k, ldb}
@@ -129,6 +136,19 @@ struct MmaBlock {
     return kB == BLayout::kNK ? s * Tl::kTileK : col0;
   }
 };
+
+// The multiply hook of a 16-bit kernel: acc[p] += the step's A·B_p, for each of the block's
+// products, over the calling wave's part of the block.
+template <class Block, class Acc>
+HK_DEVICE void mma_stage(Acc (&acc)[Block::kProducts], const typename Block::Stage& stage,
+                         const Block& block) {
+  using Tl = typename Block::Tl;
+#pragma unroll
+  for (unsigned kk = 0; kk < Tl::kTileK; kk += Acc::Atom::kK)
+#pragma unroll
+    for (unsigned p = 0; p < Block::kProducts; ++p)
+      mma<Block::kB>(acc[p], stage.a, stage.b[p], block.wave_row, block.wave_col, kk);
+}
 
 namespace detail {
 

@@ -85,4 +85,19 @@ template <class StageT, unsigned kStages, bool kDynamic> HK_DEVICE StageT* stage
   }
 }
 
+// Shared memory a kernel keeps beside its stages (Extra, a struct): static when the stages are,
+// else in the launch's dynamic shared memory right after the kStages stages, so that the
+// contract's `shared` (the stages' bytes plus sizeof(Extra)) covers the whole block: CUDA counts
+// static shared memory against its 48 KiB default too, which the driver lifts per kernel only
+// for the dynamic size the launch asks for.
+template <class Extra, class StageT, unsigned kStages, bool kDynamic>
+HK_DEVICE Extra* beside_stages() {
+  if constexpr (kDynamic) {
+    return reinterpret_cast<Extra*>(stages<StageT, kStages, true>() + kStages);
+  } else {
+    __shared__ Extra extra;
+    return &extra;
+  }
+}
+
 }  // namespace hk::tile

@@ -13,6 +13,7 @@
 //   hk/tile/widen.h     WideningCopy: FP8 blocks widened to bf16 tiles on the way (weight-only)
 //   hk/tile/k_loop.h    the K loop of a matrix kernel (stages, copy path chosen before the loop,
 //                       split-K share and batch roles) around its multiply hook
+//   hk/tile/products.h  what C is made of: one product, or a gate's act(A·W_gateᵀ) ⊙ A·W_upᵀ
 // and, included by the kernels that use it:
 //   hk/tile/flash.h     attention's wave products (RowScores, RowSums), online softmax
 //                       (FlashWave), masks, packed sequences and the walk over blocks of rows
@@ -29,6 +30,7 @@
 #include "copy.h"
 #include "k_loop.h"
 #include "mma.h"
+#include "products.h"
 #include "raster.h"
 #include "shared.h"
 #include "widen.h"
