@@ -107,3 +107,18 @@ def a16w8_gemm_symbol(splitk: bool = False) -> str:
 
 def rmsnorm_symbol(ty: str) -> str:
     return f"rmsnorm_{ty}"
+
+
+def topk_softmax_symbol(ty: str) -> str:
+    """Softmax over the experts, then the top k: ``topk_softmax_{bf16,f16,f32}``."""
+    return f"topk_softmax_{ty}"
+
+
+def grouped_topk_symbol(ty: str) -> str:
+    """DeepSeek-V3's grouped sigmoid routing: ``grouped_topk_{bf16,f16,f32}``."""
+    return f"grouped_topk_{ty}"
+
+
+def moe_align_symbol() -> str:
+    """Tokens sorted by expert and padded to the grouped GEMM's block of rows."""
+    return "moe_align_block_size"

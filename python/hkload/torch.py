@@ -14,7 +14,9 @@ of hkload's checks; ROCm builds of torch dispatch to it under the same key.
 
 Where the bundle has the attention kernels, ``register`` also defines
 ``torch.ops.<namespace>.attention``: flash attention as one op with an autograd formula (the
-``attn_bwd_*`` kernels), see ``hkload.attention``.
+``attn_bwd_*`` kernels), see ``hkload.attention``; where it has the MoE kernels,
+``torch.ops.<namespace>.moe``: a mixture-of-experts layer (routing, alignment, grouped GEMMs,
+combine) as one op, see ``hkload.moe``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import string
 
 import torch
 
-from . import FLOAT_DTYPES, Kernels, NoCodeObjectError, Signature, attention
+from . import FLOAT_DTYPES, Kernels, NoCodeObjectError, Signature, attention, moe
 
 # Libraries must outlive their ops: torch removes a library's registrations when it is freed.
 _libraries: list[torch.library.Library] = []
@@ -52,7 +54,7 @@ def _fake(*args: object) -> None:
 
 def register(kernels: Kernels, namespace: str = "hk") -> torch._ops._OpNamespace:
     """Defines every kernel of ``kernels`` as the op ``torch.ops.<namespace>.<kernel>`` (and
-    ``attention``, where the attention kernels are there) and returns ``torch.ops.<namespace>``. A namespace holds one bundle's kernels once: register
+    ``attention`` and ``moe``, where their kernels are there) and returns ``torch.ops.<namespace>``. A namespace holds one bundle's kernels once: register
     another device's or bundle's under another namespace. Kernels the bundle builds on purpose
     for other targets only (``kernels[name]`` raises NoCodeObjectError saying why) are left
     out."""
@@ -66,5 +68,6 @@ def register(kernels: Kernels, namespace: str = "hk") -> torch._ops._OpNamespace
         library.impl(name, kernel, "CUDA")
         torch.library.register_fake(f"{namespace}::{name}", _fake, lib=library)
     attention.define(library, namespace, kernels)
+    moe.define(library, namespace, kernels)
     _libraries.append(library)
     return getattr(torch.ops, namespace)
