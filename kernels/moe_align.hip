@@ -31,7 +31,8 @@
 // Launch: one block of kBlock (1024) threads for every size, so a decode step is one launch
 // with a fixed grid (capturable in a graph). Counters live in shared memory. The pairs are
 // taken in tiles of kBlock, one a thread: a counting pass (shared atomics), an exclusive scan
-// of the padded counts (one expert a thread), then a placing pass. A pair's row is its
+// of the padded counts (one expert a thread), the padding rows (a wave an expert), then a placing
+// pass. A pair's row is its
 // expert's start + pairs of that expert in earlier tiles + pairs of it in earlier waves of this
 // tile (a per-wave count table) + its rank in its wave (lanes holding the same expert, found by
 // one ballot per bit of the expert index). Up to kBlock pairs (64 tokens of top-8: decode) the
@@ -54,7 +55,7 @@ struct Shared {
   // expert_map, read once at the start so that a pair's two lookups are not two global
   // latencies in turn.
   int map[kMaxExperts];
-  // Pairs per local expert, then (after the scan) the next free row of each.
+  // Pairs per local expert, then (after the scan and the padding) the next free row of each.
   unsigned cursor[kMaxExperts];
   // Each local expert's first row.
   unsigned start[kMaxExperts];
@@ -127,13 +128,19 @@ HK_KERNEL HK_LAUNCH_BOUNDS(kBlock) void moe_align_block_size(
     begin += w < wave ? sum : 0;
     total += sum;
   }
-  if (tid < local_experts) {
-    s.start[tid] = begin;
-    s.cursor[tid] = begin;
-  }
-  // The expert's padding rows.
+  if (tid < local_experts) s.start[tid] = begin;
+  hk::block_sync();
+  // The experts' padding rows, a wave an expert: a wave's stores cover consecutive rows (one
+  // thread walking its own expert's up to block_m - 1 rows made every store of a wave touch as
+  // many lines as lanes, and the one SM this runs on spent most of a decode step on them).
   const int sentinel = static_cast<int>(n);
-  for (unsigned row = begin + count; row < begin + padded; ++row) sorted_token_ids[row] = sentinel;
+  for (unsigned e = wave; e < local_experts; e += kWaves) {
+    const unsigned end = e + 1 < local_experts ? s.start[e + 1] : total;
+    for (unsigned row = s.start[e] + s.cursor[e] + hk::lane_id(); row < end; row += hk::kWaveSize)
+      sorted_token_ids[row] = sentinel;
+  }
+  hk::block_sync();  // the counts are read above before they become the next free rows
+  if (tid < local_experts) s.cursor[tid] = begin;
   hk::block_sync();
 
   // ---- Each block's expert: the last expert starting at or before its first row (experts

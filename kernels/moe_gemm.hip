@@ -150,15 +150,25 @@ HK_DEVICE void moe_gemm(T* __restrict__ c, const T* __restrict__ a, const T* __r
   });
 }
 
-// The combine's blocks: kSumThreads columns of a token's row each, the grid's y over the row's
+// The combine's blocks: kSumThreads threads of kSumColumns columns of a token's row each (one
+// 16-byte load a choice where the rows allow it: with one 2-byte column a thread, the loads were
+// too small and too few in flight to get near the memory's rate), the grid's y over the row's
 // columns (so that a decode step's few tokens still fill the GPU), x striding over the tokens.
 constexpr unsigned kSumThreads = 256;
+constexpr unsigned kSumColumns = 8;
 
 template <typename T>
 HK_DEVICE void moe_sum(T* __restrict__ y, const T* __restrict__ out,
                        const int* __restrict__ topk_ids, const int* __restrict__ expert_map,
                        unsigned tokens, unsigned topk, unsigned experts, unsigned n,
                        unsigned ldo, unsigned ldy) {
+  static_assert(kSumColumns == hk::kVec16<T>, "a thread's columns are one 16-byte vector");
+  const unsigned col = (hk::block_idx_y() * kSumThreads + hk::thread_idx_x()) * kSumColumns;
+  if (col >= n) return;
+  // Whole vectors: every row starts 16-byte aligned, and the thread's columns lie within n.
+  const bool vectors = hk::aligned16(y, out) && ldo % kSumColumns == 0 &&
+                       ldy % kSumColumns == 0 && col + kSumColumns <= n;
+  const unsigned width = n - col < kSumColumns ? n - col : kSumColumns;
   for (unsigned t = hk::block_idx_x(); t < tokens; t += hk::grid_dim_x()) {
     // Which of the token's choices are local (the contract keeps topk within the mask).
     unsigned long long local = 0;
@@ -167,15 +177,28 @@ HK_DEVICE void moe_sum(T* __restrict__ y, const T* __restrict__ out,
       if (id >= 0 && static_cast<unsigned>(id) < experts && expert_map[id] >= 0)
         local |= 1ull << j;
     }
-    const T* rows = out + static_cast<unsigned long long>(t) * topk * ldo;
-    const unsigned col = hk::block_idx_y() * kSumThreads + hk::thread_idx_x();
-    if (col >= n) continue;
-    float sum = 0.0f;
+    const T* rows = out + static_cast<unsigned long long>(t) * topk * ldo + col;
+    float sum[kSumColumns] = {};
     for (unsigned j = 0; j < topk; ++j) {
-      const unsigned long long at = static_cast<unsigned long long>(j) * ldo + col;
-      if ((local >> j) & 1) sum += hk::to_float(rows[at]);
+      if (!((local >> j) & 1)) continue;
+      const T* row = rows + static_cast<unsigned long long>(j) * ldo;
+      if (vectors) {
+        const hk::Vec16<T> v = hk::load16(row);
+#pragma unroll
+        for (unsigned e = 0; e < kSumColumns; ++e) sum[e] += hk::to_float(v.elem[e]);
+      } else {
+        for (unsigned e = 0; e < width; ++e) sum[e] += hk::to_float(row[e]);
+      }
     }
-    y[static_cast<unsigned long long>(t) * ldy + col] = hk::from_float<T>(sum);
+    T* dst = y + static_cast<unsigned long long>(t) * ldy + col;
+    if (vectors) {
+      hk::Vec16<T> v;
+#pragma unroll
+      for (unsigned e = 0; e < kSumColumns; ++e) v.elem[e] = hk::from_float<T>(sum[e]);
+      hk::store16(dst, v);
+    } else {
+      for (unsigned e = 0; e < width; ++e) dst[e] = hk::from_float<T>(sum[e]);
+    }
   }
 }
 

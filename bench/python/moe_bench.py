@@ -11,8 +11,9 @@ The peer is the plain PyTorch a model's reference code runs: softmax (or sigmoid
 groups), torch.topk, then a stable sort by expert, counts by scatter_add, a cumulative sum and
 index arithmetic to pad each expert's rows to the block. Before timing, the alignment of both
 sides is compared element by element (our format is the peer's: ascending flat index within each
-expert's rows), and the routing's ids likewise (fresh random logits, where ties have measure
-zero); gpu_parity checks every kernel in full.
+expert's rows), and the routing by the scores of the experts it chose (bf16 logits tie, and
+torch.topk breaks ties otherwise than our lower-index rule); gpu_parity checks every kernel in
+full.
 
 Then the grouped GEMMs (moe_gemm_gated_silu_bf16, moe_gemm_down_bf16) in TFLOP/s against our own
 dense GEMMs of the same total shape (gemm_a16w16_gated_silu_bf16 and gemm_a16w16_nt_bf16 over
@@ -198,14 +199,24 @@ class Dispatch:
         return self.torch_align(ids)
 
     def compare(self):
-        """Our ids and alignment against the peer's; returns a message or None."""
+        """Our routing and alignment against the peer's; returns a message or None. Logits in bf16
+        tie often (128 experts share 256 values of a binade), and torch.topk breaks ties its own
+        way: the routing is compared by the values it chose and their weights, and the peer's
+        alignment is made from our ids."""
         self.both()
         w, ids = self.torch_route()
-        if not torch.equal(self.ids, ids):
-            return "topk ids differ from torch.topk's"
-        if not torch.allclose(self.weights, w, rtol=1e-4, atol=1e-6):
-            return f"weights differ by up to {(self.weights - w).abs().max().item():.3g}"
-        sorted_ids, block_experts, total = self.torch_align(ids)
+        choice = self.logits.float()
+        if self.n_group is not None:
+            choice = torch.sigmoid(choice) + self.bias
+        ours = choice.gather(1, self.ids.long()).sort(dim=-1, descending=True).values
+        theirs = choice.gather(1, ids.long()).sort(dim=-1, descending=True).values
+        if not torch.equal(ours, theirs):
+            return "the chosen experts' scores differ from torch.topk's"
+        ours_w = self.weights.sort(dim=-1).values
+        theirs_w = w.sort(dim=-1).values
+        if not torch.allclose(ours_w, theirs_w, rtol=1e-4, atol=1e-6):
+            return f"weights differ by up to {(ours_w - theirs_w).abs().max().item():.3g}"
+        sorted_ids, block_experts, total = self.torch_align(self.ids)
         if int(self.padded.item()) != int(total.item()):
             return f"padded count {int(self.padded.item())}, torch {int(total.item())}"
         used = int(total.item())

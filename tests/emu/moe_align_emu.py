@@ -23,8 +23,9 @@ gives those lanes address 0). The kernel has no DPP, no ds_swizzle and no MFMA. 
 every instruction is decoded by the emulator and by llvm-objdump --mcpu=<target>
 (moe_routing_emu.py's check), and a kernel with any disagreement is NOT RUN on that target.
 
-Each target also runs two broken copies, which must FAIL: the kernel's first v_cmp_{le,ge}_u32
-made strict (on gfx942 a bound of the padding loop: a row too many), and the first ds_add_u32 (the
+Each target also runs two broken copies, which must FAIL: the padding loop's sentinel stores
+(every global_store_dword of the first one's data register) made s_nop, so that every pair on one
+expert with blocks of 256 rows leaves 228 rows of padding unwritten, and the first ds_add_u32 (the
 counting pass's first tile) made a ds_max_u32, on a case of three tiles and blocks of 32 rows, so
 that the wrong counts change the padded ones (where they do not, the placing pass writes the
 right rows over the padding anyway).
@@ -213,39 +214,49 @@ def run_case(np, run_asm, recorder, extents, co, disassembly, meta, kernels, cas
 # ---- The broken copies -----------------------------------------------------------------------
 
 
-def broken_copy(data, disassembly, co, mnemonics, patch):
-    """The code object with the first instruction of NAME among `mnemonics` changed by
-    patch(word, mnemonic) (its first dword)."""
+def broken_copy(data, disassembly, co, chosen, patch):
+    """The code object with the instructions of NAME that chosen(instructions) picks (from its
+    [(offset, mnemonic, operands)]) changed by patch(words, mnemonic), which returns each one's
+    first two dwords replaced."""
     start, size = co.symbols()[NAME]
-    for offset, (mnemonic, _, _) in sorted(disassembly.items()):
-        if start <= offset < start + size and mnemonic in mnemonics:
-            broken = bytearray(data)
-            at = file_offset(data, offset)
-            word, = struct.unpack_from("<I", broken, at)
-            struct.pack_into("<I", broken, at, patch(word, mnemonic))
-            return bytes(broken), f"{mnemonic} at +{offset - start:#x}"
-    raise SystemExit(f"none of {mnemonics} in {NAME}")
+    instructions = [(offset, mnemonic, operands)
+                    for offset, (mnemonic, operands, _) in sorted(disassembly.items())
+                    if start <= offset < start + size]
+    picked = chosen(instructions)
+    if not picked:
+        raise SystemExit(f"no instruction of {NAME} to break")
+    broken = bytearray(data)
+    for offset, mnemonic, _ in picked:
+        at = file_offset(data, offset)
+        words = list(struct.unpack_from("<2I", broken, at))
+        struct.pack_into("<2I", broken, at, *patch(words, mnemonic))
+    offset, mnemonic, _ = picked[0]
+    return bytes(broken), f"{len(picked)} x {mnemonic} from +{offset - start:#x}"
 
 
-# VOPC (e32) opcodes, bits 24:17, and the VOP3 (e64) ones, bits 25:16: the u32 comparisons
-# (llvm-mc on gfx942: v_cmp_lt_u32 0xc9, le 0xcb, gt 0xcc, ge 0xce; VOP3 adds 0x0).
-STRICT = {"le": "lt", "ge": "gt"}
-VOPC_U32 = {"lt": 0xC9, "le": 0xCB, "gt": 0xCC, "ge": 0xCE}
+def first(mnemonic):
+    """The first instruction `mnemonic`."""
+    return lambda instructions: [i for i in instructions if i[1] == mnemonic][:1]
 
 
-def strict_compare(word, mnemonic):
-    relation = mnemonic.split("_")[2]
-    if mnemonic.endswith("_e64"):
-        assert (word >> 16) & 0x3FF == VOPC_U32[relation], f"{word:#x} is not {mnemonic}"
-        return (word & ~(0x3FF << 16)) | (VOPC_U32[STRICT[relation]] << 16)
-    assert (word >> 17) & 0xFF == VOPC_U32[relation], f"{word:#x} is not {mnemonic}"
-    return (word & ~(0xFF << 17)) | (VOPC_U32[STRICT[relation]] << 17)
+def sentinel_stores(instructions):
+    """Every global_store_dword of the first one's data register: the padding loop's sentinel
+    stores (the compiler makes a path of two a trip beside the one of one)."""
+    stores = [i for i in instructions if i[1] == "global_store_dword"]
+    data = stores[0][2].split(",")[1].strip()
+    return [i for i in stores if i[2].split(",")[1].strip() == data]
 
 
 # DS opcodes (bits 24:17 of the first dword): ds_add_u32 0, ds_max_u32 8.
-def add_to_max(word, mnemonic):
+def add_to_max(words, mnemonic):
+    word = words[0]
     assert (word >> 17) & 0xFF == 0, f"{word:#x} is not ds_add_u32"
-    return (word & ~(0xFF << 17)) | (8 << 17)
+    return [(word & ~(0xFF << 17)) | (8 << 17), words[1]]
+
+
+# A global store (8 bytes) made two s_nop (SOPP 0xbf800000): the store is gone.
+def dropped_store(words, mnemonic):
+    return [0xBF800000, 0xBF800000]
 
 
 def main():
@@ -289,12 +300,11 @@ def main():
                 passed += ok
                 print(f"{'PASS' if ok else 'FAIL'} {target} {label}: {detail}", flush=True)
             breakages = [
-                (("v_cmp_le_u32_e32", "v_cmp_ge_u32_e32", "v_cmp_le_u32_e64", "v_cmp_ge_u32_e64"),
-                 strict_compare, CASES[1]),
-                (("ds_add_u32",), add_to_max, CASES[6]),
+                (sentinel_stores, dropped_store, CASES[3]),
+                (first("ds_add_u32"), add_to_max, CASES[6]),
             ]
-            for mnemonics, patch, case in breakages:
-                broken_data, what = broken_copy(data, disassembly, co, mnemonics, patch)
+            for chosen, patch, case in breakages:
+                broken_data, what = broken_copy(data, disassembly, co, chosen, patch)
                 ok, detail, label = run_case(np, run_asm, recorder, extents, CodeObject(broken_data), disassembly,
                                              meta, kernels, case, rng)
                 failed += ok

@@ -557,8 +557,8 @@ fn every_moe_gemm_requirement_is_enforced_and_its_launch_is_fixed() {
             "the combine sums at most 64 choices a token",
         );
         let wide = |n| with(&sum, &[("n", n), ("ldo", n), ("ldy", n)]);
-        held(symbol, wide(16_776_960));
-        refused(symbol, wide(16_776_961), "n must be at most 16776960");
+        held(symbol, wide(134_215_680));
+        refused(symbol, wide(134_215_681), "n must be at most 134215680");
         refused(symbol, with(&sum, &[("ldo", 4)]), "`ldo >= n`");
         refused(symbol, with(&sum, &[("ldy", 4)]), "`ldy >= n`");
     }
@@ -591,14 +591,14 @@ fn every_moe_gemm_requirement_is_enforced_and_its_launch_is_fixed() {
     let down = "moe_gemm_down_f16";
     assert_eq!(launch(&nvidia, down, 3, 2, 4, 130), ([2, 5, 1], 128, 66560));
     assert_eq!(launch(&amd, down, 3, 2, 4, 130), ([2, 5, 1], 256, 0));
-    // The combine: a token's row in blocks of 256 columns along y.
+    // The combine: a token's row in blocks of 2048 columns along y.
     assert_eq!(
-        launch(&amd, "moe_sum_bf16", 3, 2, 4, 130),
-        ([3, 1, 1], 256, 0)
+        launch(&amd, "moe_sum_bf16", 3, 2, 4, 2049),
+        ([3, 2, 1], 256, 0)
     );
     assert_eq!(
         launch(&nvidia, "moe_sum_f16", 1, 8, 256, 7168),
-        ([1, 28, 1], 256, 0)
+        ([1, 4, 1], 256, 0)
     );
 }
 

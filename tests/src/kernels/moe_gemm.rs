@@ -534,7 +534,7 @@ type ShapeRow = (
 /// scaled down), experts with no token, all tokens on one expert, half the experts local;
 /// tails in n and k (not multiples of the blocks or the 32-deep steps), strided rows, rows that
 /// are not 16-byte aligned (odd leading dimensions: the element-wise copies).
-const SHAPES: [ShapeRow; 10] = [
+const SHAPES: [ShapeRow; 11] = [
     (1, 8, 2, 64, 128, 0, 0, 1, Routing::Uniform),
     (3, 8, 2, 70, 61, 3, 2, 1, Routing::Uniform),
     (64, 8, 8, 136, 200, 8, 0, 1, Routing::Uniform),
@@ -545,6 +545,8 @@ const SHAPES: [ShapeRow; 10] = [
     (200, 16, 4, 100, 72, 1, 0, 2, Routing::Uniform),
     (1, 64, 8, 200, 256, 0, 0, 2, Routing::Uniform),
     (4096, 8, 2, 128, 256, 0, 0, 1, Routing::Uniform),
+    // The combine: two blocks of 2048 columns, 16-byte rows, a last thread of 4 columns.
+    (5, 8, 2, 2100, 64, 4, 4, 1, Routing::Uniform),
 ];
 
 /// The shapes as [`MoeShape`]s.
