@@ -1,13 +1,14 @@
 // Grouped (mixture-of-experts) GEMMs of 16-bit matrices (bf16 or f16), f32 accumulation, over
 // the routing's sorted layout, and the combine that sums each token's choices.
 //
-// The layout (what moe_align_block_size writes; block_m = kBlockM = 128 for these kernels): a
-// choice is a flat index f = t * topk + j (token t's j-th expert), choices = tokens * topk.
+// The layout (what moe_align_block_size writes, with block_m = 128 for the plain kernels and 16
+// for the _m16 ones): a choice is a flat index f = t * topk + j (token t's j-th expert),
+// choices = tokens * topk.
 //   sorted_token_ids  i32 [padded_max]: the choices grouped by local expert, each expert's
-//                     segment padded to a multiple of kBlockM with the sentinel `choices`;
-//                     padded_max = choices + experts * (kBlockM - 1).
-//   expert_ids        i32 [ceil(padded_max / kBlockM)]: the local expert of each block of
-//                     kBlockM sorted rows, -1 past the padded count.
+//                     segment padded to a multiple of block_m with the sentinel `choices`;
+//                     padded_max = choices + experts * (block_m - 1).
+//   expert_ids        i32 [ceil(padded_max / block_m)]: the local expert of each block of
+//                     block_m sorted rows, -1 past the padded count.
 //   num_tokens_post_pad  i32 [1]: the padded count (read on the device: no host round trip).
 // Every kernel is launched with the grid of padded_max, which the host knows from the sizes
 // alone, and its blocks past the padded count (or of expert -1) return at once: one fixed
@@ -27,6 +28,12 @@
 //   Stage 2: out[f] = topk_weights[f] · (h[f]·W_down[e]ᵀ), h [choices][k] (rows lda apart),
 //   w2 [experts][n][k], topk_weights f32 [choices], out [choices][n] (rows ldc apart); the
 //   weight multiplies the f32 sum, which is rounded once. Blocks of 128 x 128, the dense GEMM's.
+// moe_gemm_gated_silu_m16_{bf16,f16}, moe_gemm_down_m16_{bf16,f16}: the same two stages, same
+//   arguments, over the layout of block_m = 16, for decode and small batches (an expert's few
+//   rows fill a block of 16, not 128, so a block multiplies few padding rows): blocks of 16 rows
+//   x 128 weight rows a step (16 x 64 of h, of two products; 16 x 128 of out), the four waves
+//   side by side along n, as the dense split-K GEMM's Skinny blocks, so that a block streams a
+//   wide slab of one expert's weights (decode is bound by reading them).
 // moe_sum_{bf16,f16}(y, out, topk_ids, expert_map, tokens, topk, experts, n, ldo, ldy)
 //   The combine: y[t] = Σ_j out[t * topk + j] over token t's choices of a local expert, in f32,
 //   rounded once; topk_ids i32 [tokens][topk] are the routing's experts (0 .. experts - 1) and
@@ -52,23 +59,32 @@ using hk::tile::Plain;
 using hk::tile::SiluGate;
 using hk::tile::Tiling;
 
-constexpr unsigned kBlockM = 128;
+// The block of sorted rows (block_m) is the tiling's kTileM: one program for both forms.
 // The dense GEMM's tilings (kernels/gemm.hip: the gated GEMM's for stage 1, Square for stage 2),
 // so that a grouped GEMM compares with the dense GEMM of the same total shape. Their stages are
 // dynamic on NVIDIA, as the row map beside them is (see RowMap).
-using UpTiling = Tiling<kBlockM, 64, 32, 2, 2, 3, true>;
+using UpTiling = Tiling<128, 64, 32, 2, 2, 3, true>;
 #if defined(__gfx950__)
-using DownTiling = Tiling<kBlockM, 128, 64, 2, 2, 2>;
+using DownTiling = Tiling<128, 128, 64, 2, 2, 2>;
 #else
-using DownTiling = Tiling<kBlockM, 128, 32, 2, 2, 4, true>;
+using DownTiling = Tiling<128, 128, 32, 2, 2, 4, true>;
 #endif
+// Decode (block_m 16): 16-row blocks, the smallest MMA tile on both vendors, four waves side by
+// side along n, each step 128 weight rows (stage 1: 64 columns of two products; stage 2: 128
+// columns). Steps 128 deep on NVIDIA (two dynamic stages of 36 KiB: a step's 32 KiB of weights
+// in flight while the last one multiplies, as Skinny's deep step, for memory-level
+// parallelism); 32 on AMD, whose register-staged copies hold a step's tiles in registers and
+// whose 64 KiB of LDS (gfx90a, gfx942) then holds three blocks of two 9 KiB stages.
+constexpr unsigned kDecodeK = HK_AMD ? 32 : 128;
+using UpTilingM16 = Tiling<16, 64, kDecodeK, 1, 4, 2, true>;
+using DownTilingM16 = Tiling<16, 128, kDecodeK, 1, 4, 2, true>;
 
 // A sorted row that is no choice (a sentinel).
 constexpr unsigned kNoChoice = ~0u;
 
-// Where each of a block's rows comes from and goes: the A row it gathers (a sentinel gathers
-// row 0, computed and never stored) and the choice it writes, or kNoChoice.
-struct RowMap {
+// Where each of a block's kBlockM rows comes from and goes: the A row it gathers (a sentinel
+// gathers row 0, computed and never stored) and the choice it writes, or kNoChoice.
+template <unsigned kBlockM> struct RowMap {
   unsigned a[kBlockM];
   unsigned choice[kBlockM];
 };
@@ -78,14 +94,16 @@ using MoeStage = hk::tile::MmaStage<Tl, T, BLayout::kNK, Combine::kProducts>;
 
 #if HK_NVIDIA
 // The contracts' `shared` on NVIDIA (manifests/moe_gemm.toml): the stages and the row map.
-static_assert(UpTiling::kStages * sizeof(MoeStage<UpTiling, hk::bf16, SiluGate>) +
-                      sizeof(RowMap) ==
-                  50176,
+template <class Tl, class Combine> constexpr unsigned long long shared_bytes() {
+  return Tl::kStages * sizeof(MoeStage<Tl, hk::bf16, Combine>) + sizeof(RowMap<Tl::kTileM>);
+}
+static_assert(shared_bytes<UpTiling, SiluGate>() == 50176,
               "stage 1's shared memory no longer matches manifests/moe_gemm.toml's contract");
-static_assert(DownTiling::kStages * sizeof(MoeStage<DownTiling, hk::bf16, Plain>) +
-                      sizeof(RowMap) ==
-                  66560,
+static_assert(shared_bytes<DownTiling, Plain>() == 66560,
               "stage 2's shared memory no longer matches manifests/moe_gemm.toml's contract");
+static_assert(shared_bytes<UpTilingM16, SiluGate>() == 73856 &&
+                  shared_bytes<DownTilingM16, Plain>() == 73856,
+              "the _m16 kernels' shared memory no longer matches manifests/moe_gemm.toml's");
 #endif
 
 // One block of a grouped GEMM: C rows are sorted rows, A rows gathered from a (one row a
@@ -101,7 +119,8 @@ HK_DEVICE void moe_gemm(T* __restrict__ c, const T* __restrict__ a, const T* __r
                         unsigned topk, unsigned experts, unsigned n, unsigned k, unsigned lda,
                         unsigned ldc) {
   constexpr unsigned kProducts = Combine::kProducts;
-  static_assert(Tl::kTileM == kBlockM, "a block of C is a block of the sorted layout");
+  // A block of C is a block of the sorted layout.
+  constexpr unsigned kBlockM = Tl::kTileM;
   const unsigned choices = tokens * topk;
   const unsigned padded_max = choices + experts * (kBlockM - 1);
   const hk::tile::BlockTile tile = hk::tile::block_tile();
@@ -114,7 +133,8 @@ HK_DEVICE void moe_gemm(T* __restrict__ c, const T* __restrict__ a, const T* __r
   if (expert < 0 || static_cast<unsigned>(expert) >= experts) return;
 
   using Stage = MoeStage<Tl, T, Combine>;
-  RowMap& map = *hk::tile::beside_stages<RowMap, Stage, Tl::kStages, Tl::kDynamic>();
+  RowMap<kBlockM>& map =
+      *hk::tile::beside_stages<RowMap<kBlockM>, Stage, Tl::kStages, Tl::kDynamic>();
   for (unsigned r = hk::thread_idx_x(); r < kBlockM; r += Tl::kThreads) {
     const int id = row0 + r < padded ? sorted_token_ids[row0 + r] : -1;
     const bool real = id >= 0 && static_cast<unsigned>(id) < choices;
@@ -210,21 +230,25 @@ HK_DEVICE void moe_sum(T* __restrict__ y, const T* __restrict__ out,
   unsigned tokens, unsigned topk, unsigned experts, unsigned n, unsigned k, unsigned lda, \
       unsigned ldc
 
-#define HK_MOE_GEMM(name, T)                                                                  \
-  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(UpTiling::kThreads, 2) void                           \
-      moe_gemm_gated_silu_##name(T* h, const T* x, const T* w13, HK_MOE_SORTED,              \
-                                 HK_MOE_SIZES) {                                             \
-    moe_gemm<UpTiling, T, SiluGate, true, false>(h, x, w13, nullptr, sorted_token_ids,       \
-                                                 expert_ids, num_tokens_post_pad, tokens,    \
-                                                 topk, experts, n, k, lda, ldc);             \
+// Stage 1 and stage 2 in tiling Up and Down, as kernels named with `form` (empty, or _m16).
+#define HK_MOE_STAGES(form, name, T, Up, Down)                                                \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Up::kThreads, 2) void                                 \
+      moe_gemm_gated_silu##form##_##name(T* h, const T* x, const T* w13, HK_MOE_SORTED,      \
+                                         HK_MOE_SIZES) {                                     \
+    moe_gemm<Up, T, SiluGate, true, false>(h, x, w13, nullptr, sorted_token_ids, expert_ids, \
+                                           num_tokens_post_pad, tokens, topk, experts, n, k, \
+                                           lda, ldc);                                        \
   }                                                                                           \
-  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(DownTiling::kThreads, 2) void moe_gemm_down_##name(   \
+  HK_KERNEL HK_LAUNCH_BOUNDS_MIN_BLOCKS(Down::kThreads, 2) void moe_gemm_down##form##_##name( \
       T* out, const T* h, const T* w2, const float* topk_weights, HK_MOE_SORTED,             \
       HK_MOE_SIZES) {                                                                        \
-    moe_gemm<DownTiling, T, Plain, false, true>(out, h, w2, topk_weights, sorted_token_ids,  \
-                                                expert_ids, num_tokens_post_pad, tokens,     \
-                                                topk, experts, n, k, lda, ldc);              \
-  }                                                                                           \
+    moe_gemm<Down, T, Plain, false, true>(out, h, w2, topk_weights, sorted_token_ids,        \
+                                          expert_ids, num_tokens_post_pad, tokens, topk,     \
+                                          experts, n, k, lda, ldc);                          \
+  }
+#define HK_MOE_GEMM(name, T)                                                                  \
+  HK_MOE_STAGES(, name, T, UpTiling, DownTiling)                                              \
+  HK_MOE_STAGES(_m16, name, T, UpTilingM16, DownTilingM16)                                    \
   HK_KERNEL HK_LAUNCH_BOUNDS(kSumThreads) void moe_sum_##name(                                \
       T* y, const T* out, const int* topk_ids, const int* expert_map, unsigned tokens,       \
       unsigned topk, unsigned experts, unsigned n, unsigned ldo, unsigned ldy) {             \

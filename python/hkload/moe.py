@@ -37,9 +37,19 @@ SCHEMA = (
     "Tensor? expert_map=None) -> Tensor"
 )
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
-# The grouped GEMMs' block of rows (manifests/moe_gemm.toml's contract, which refuses another):
-# the alignment pads each expert's rows to it.
-BLOCK_M = 128
+# The grouped GEMMs' two forms (manifests/moe_gemm.toml), by the block of sorted rows each
+# wants (the alignment pads each expert's rows to it): kernel names' infix for that block_m.
+FORMS = {128: "", 16: "_m16"}
+
+
+def block_m(tokens: int, topk: int, local_experts: int) -> int:
+    """The block of sorted rows for a call: 16 (the _m16 kernels) when the local experts
+    average fewer than 64 rows, else 128. A block multiplies all its rows, real or padding: at
+    a few rows an expert (decode, small batches) blocks of 128 are mostly padding and the GEMMs
+    compute-bound on it, while blocks of 16 waste little and stream the weights, which is what
+    decode is bound by; past ~64 rows an expert the 128-row blocks' reuse of each weight tile
+    over more rows wins. Depends on the sizes alone, so a CUDA graph of a step keeps its form."""
+    return 16 if tokens * topk < 64 * local_experts else 128
 
 
 def _name(dtype: torch.dtype, what: str, allowed=("bf16", "f16")) -> str:
@@ -101,23 +111,25 @@ def forward(kernels, x, router_logits, w13, w2, topk, renormalize=True, n_group=
             f"topk_softmax_{logits_ty}", weights, ids, _span(router_logits), tokens, experts, ld,
             topk, int(renormalize),
         )
-    max_sorted = tokens * topk + experts * (BLOCK_M - 1)
+    rows = block_m(tokens, topk, local)
+    form = FORMS[rows]
+    max_sorted = tokens * topk + experts * (rows - 1)
     sorted_ids = torch.empty(max_sorted, device=device, dtype=torch.int32)
-    block_experts = torch.empty(-(-max_sorted // BLOCK_M), device=device, dtype=torch.int32)
+    block_experts = torch.empty(-(-max_sorted // rows), device=device, dtype=torch.int32)
     padded = torch.empty(1, device=device, dtype=torch.int32)
     kernels.call(
         "moe_align_block_size", sorted_ids, block_experts, padded, ids, expert_map, tokens, topk,
-        experts, local, BLOCK_M,
+        experts, local, rows,
     )
     h = torch.empty(tokens * topk, inter, device=device, dtype=x.dtype)
     kernels.call(
-        f"moe_gemm_gated_silu_{ty}", h, _span(x), w13.contiguous(), sorted_ids, block_experts,
-        padded, tokens, topk, local, inter, hidden, x.stride(0), h.stride(0),
+        f"moe_gemm_gated_silu{form}_{ty}", h, _span(x), w13.contiguous(), sorted_ids,
+        block_experts, padded, tokens, topk, local, inter, hidden, x.stride(0), h.stride(0),
     )
     out = torch.empty(tokens * topk, hidden, device=device, dtype=x.dtype)
     kernels.call(
-        f"moe_gemm_down_{ty}", out, h, w2.contiguous(), weights, sorted_ids, block_experts, padded,
-        tokens, topk, local, hidden, inter, h.stride(0), out.stride(0),
+        f"moe_gemm_down{form}_{ty}", out, h, w2.contiguous(), weights, sorted_ids,
+        block_experts, padded, tokens, topk, local, hidden, inter, h.stride(0), out.stride(0),
     )
     y = torch.empty(tokens, hidden, device=device, dtype=x.dtype)
     kernels.call(
@@ -131,7 +143,7 @@ def define(library: torch.library.Library, namespace: str, kernels) -> bool:
     """Defines ``moe`` in ``library`` over ``kernels``; False (nothing defined) when the bundle
     has no MoE kernels for this device."""
     names = set(dir(kernels))
-    if not {"moe_align_block_size", "moe_gemm_down_bf16"} <= names:
+    if not {"moe_align_block_size", "moe_gemm_down_bf16", "moe_gemm_down_m16_bf16"} <= names:
         return False
     library.define(SCHEMA)
     library.impl("moe", lambda *args, **kw: forward(kernels, *args, **kw), "CUDA")

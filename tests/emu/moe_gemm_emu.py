@@ -8,8 +8,8 @@ usage: HK_TINYGRAD=<tinygrad source tree> moe_gemm_emu.py BUNDLE [--target gfx94
 
 Skips cleanly (exit 0, saying so) when HK_TINYGRAD is unset, as gemm_emu.py does, whose code
 object loading and launching this reuses. Each case routes random tokens, builds the sorted
-layout as moe_align_block_size does (block_m = 128: each local expert's choices in ascending
-flat index, padded with the sentinel tokens * topk), launches with the contract's grid (hkload
+layout as moe_align_block_size does (block_m = 128, or 16 for the _m16 kernels: each local
+expert's choices in ascending flat index, padded with the sentinel tokens * topk), launches with the contract's grid (hkload
 on a simulated device of the target), and checks every written row against the f64 reference
 with the bounds of tests/src/kernels/moe_gemm.rs, and that nothing else changed: the rows of
 choices of experts that are not local (expert parallelism), the gaps between strided rows, the
@@ -34,19 +34,26 @@ import gemm_emu  # noqa: E402
 from gemm_emu import (MFMA_OPCODE, POISON16, Buffer, CodeObject, file_offset, from_bits,  # noqa: E402
                       kernel_metadata, launch, to_bits, unbundle)
 
-BLOCK_M = 128
+# The GEMMs' forms: the kernel name's infix and its block of sorted rows (block_m).
+BLOCK_M = {"": 128, "_m16": 16}
 
 # (kernel, ty, tokens, experts, topk, n, k, pad_a, pad_c, local_every, routing)
 # n and k: tails (not multiples of the blocks or of the 32-deep steps); pad: strided rows, odd
 # ones not 16-byte aligned (the element-wise copies), aligned ones the whole-chunk walk;
 # local_every 2: every second expert local; routing "one": expert 0 in every token (its rows
 # fill two blocks), "few": only the first topk + 1 experts chosen (the others receive none).
+# Kernels gated_m16 and down_m16: the decode form, blocks of 16 rows (1 and 3 tokens; 40
+# tokens fill several blocks an expert; n past one block of 64 / 128 columns).
 CASES = [
     ("gated", "bf16", 5, 4, 2, 70, 61, 3, 2, 1, "uniform"),
     ("gated", "f16", 40, 4, 2, 64, 96, 0, 0, 2, "uniform"),
     ("gated", "bf16", 150, 3, 2, 16, 40, 8, 0, 1, "one"),
     ("down", "bf16", 40, 3, 2, 130, 72, 0, 8, 1, "few"),
     ("down", "f16", 7, 4, 3, 33, 40, 1, 1, 2, "uniform"),
+    ("gated_m16", "bf16", 1, 4, 2, 70, 61, 3, 2, 1, "uniform"),
+    ("gated_m16", "f16", 40, 4, 2, 130, 96, 0, 0, 2, "one"),
+    ("down_m16", "f16", 3, 4, 2, 33, 40, 1, 1, 1, "few"),
+    ("down_m16", "bf16", 40, 3, 2, 136, 72, 0, 8, 2, "uniform"),
     ("sum", "bf16", 9, 4, 3, 300, 0, 1, 3, 2, "uniform"),
     ("sum", "f16", 3, 8, 2, 20, 0, 0, 0, 1, "uniform"),
 ]
@@ -71,12 +78,12 @@ def route(np, rng, tokens, experts, topk, local_every, routing):
     return [int(e) for e in ids], expert_map, local
 
 
-def align(ids, expert_map, local):
+def align(ids, expert_map, local, block_m):
     """The sorted layout (sorted_token_ids, expert_ids, num_tokens_post_pad)."""
     choices = len(ids)
-    max_sorted = choices + local * (BLOCK_M - 1)
+    max_sorted = choices + local * (block_m - 1)
     sorted_ids = [choices] * max_sorted
-    expert_ids = [-1] * -(-max_sorted // BLOCK_M)
+    expert_ids = [-1] * -(-max_sorted // block_m)
     at = 0
     for e in range(local):
         start = at
@@ -84,8 +91,8 @@ def align(ids, expert_map, local):
             if expert_map[g] == e:
                 sorted_ids[at] = f
                 at += 1
-        at = start + -(-(at - start) // BLOCK_M) * BLOCK_M
-        for block in range(start // BLOCK_M, at // BLOCK_M):
+        at = start + -(-(at - start) // block_m) * block_m
+        for block in range(start // block_m, at // block_m):
             expert_ids[block] = e
     return sorted_ids, expert_ids, at
 
@@ -112,14 +119,16 @@ def run_case(np, run_asm, co, meta, kernels, case, rng, name_override=None):
     """Returns (ok, worst error / bound, label)."""
     import hkload
 
-    kind, ty, tokens, experts, topk, n, k, pad_a, pad_c, local_every, routing = case
+    kernel, ty, tokens, experts, topk, n, k, pad_a, pad_c, local_every, routing = case
+    kind = kernel.split("_")[0]
+    form = kernel[len(kind):]
     ids, expert_map, local = route(np, rng, tokens, experts, topk, local_every, routing)
     choices = tokens * topk
     local_of = [expert_map[g] for g in ids]
     u = {"bf16": 2.0 ** -8, "f16": 2.0 ** -11}[ty]
     tiny = 2.0 ** -25 if ty == "f16" else 0.0
-    name = name_override or {"gated": f"moe_gemm_gated_silu_{ty}", "down": f"moe_gemm_down_{ty}",
-                             "sum": f"moe_sum_{ty}"}[kind]
+    name = name_override or {"gated": f"moe_gemm_gated_silu{form}_{ty}",
+                             "down": f"moe_gemm_down{form}_{ty}", "sum": f"moe_sum_{ty}"}[kind]
     ldc = n + pad_c
     inputs = []  # (buffer, element type) in the signature's order after the output
     want_rows = {}  # output row -> (want, bound)
@@ -141,7 +150,7 @@ def run_case(np, run_asm, co, meta, kernels, case, rng, name_override=None):
             wt = Buffer(np, choices, np.float32, np.nan)
             wt.view[:] = weights
             inputs.append((wt, "f32"))
-        sorted_ids, expert_ids, post_pad = align(ids, expert_map, local)
+        sorted_ids, expert_ids, post_pad = align(ids, expert_map, local, BLOCK_M[form])
         inputs += [(i32_buffer(np, sorted_ids), "i32"), (i32_buffer(np, expert_ids), "i32"),
                    (i32_buffer(np, [post_pad]), "i32")]
         scalars = [tokens, topk, local, n, k, lda, ldc]

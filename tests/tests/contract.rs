@@ -500,7 +500,15 @@ fn every_moe_gemm_requirement_is_enforced_and_its_launch_is_fixed() {
         ("lda", 4),
         ("ldc", 5),
     ];
-    for symbol in ["moe_gemm_gated_silu_bf16", "moe_gemm_down_f16"] {
+    // (symbol, block_m): at most 65535 blocks of block_m sorted rows, padded_max = tokens * topk
+    // + experts * (block_m - 1): 8388480 = 8387972 + 4 * 127 for 128, 1048560 = 1048500 + 4 * 15
+    // for 16.
+    for (symbol, block_m) in [
+        ("moe_gemm_gated_silu_bf16", 128),
+        ("moe_gemm_down_f16", 128),
+        ("moe_gemm_gated_silu_m16_f16", 16),
+        ("moe_gemm_down_m16_bf16", 16),
+    ] {
         held(symbol, gemm.to_vec());
         for (name, message) in [
             ("tokens", "tokens must be at least 1"),
@@ -522,12 +530,13 @@ fn every_moe_gemm_requirement_is_enforced_and_its_launch_is_fixed() {
             with(&gemm, &[("ldc", 4)]),
             "`ldc >= n` is false with ldc = 4, n = 5",
         );
-        // tokens * topk + experts * 127 sorted rows at most: 8388480 = 8387972 + 4 * 127.
-        held(symbol, with(&gemm, &[("tokens", 8_387_972), ("topk", 1)]));
+        let most = 65535 * block_m;
+        let tokens = most - 4 * (block_m - 1);
+        held(symbol, with(&gemm, &[("tokens", tokens), ("topk", 1)]));
         refused(
             symbol,
-            with(&gemm, &[("tokens", 8_387_973), ("topk", 1)]),
-            "must be at most 8388480",
+            with(&gemm, &[("tokens", tokens + 1), ("topk", 1)]),
+            &format!("must be at most {most}: block_m = {block_m},"),
         );
     }
     let sum = [
@@ -591,6 +600,19 @@ fn every_moe_gemm_requirement_is_enforced_and_its_launch_is_fixed() {
     let down = "moe_gemm_down_f16";
     assert_eq!(launch(&nvidia, down, 3, 2, 4, 130), ([2, 5, 1], 128, 66560));
     assert_eq!(launch(&amd, down, 3, 2, 4, 130), ([2, 5, 1], 256, 0));
+    // The decode forms: blocks of 16 sorted rows, 6 + 4 * 15 = 66 rows in 5 blocks; 16 x 64 of h
+    // and 16 x 128 of out; DeepSeek-V3's decode step 8 + 256 * 15 rows, 241 blocks.
+    let gated = "moe_gemm_gated_silu_m16_bf16";
+    assert_eq!(launch(&nvidia, gated, 3, 2, 4, 70), ([2, 5, 1], 128, 73856));
+    assert_eq!(launch(&amd, gated, 3, 2, 4, 70), ([2, 5, 1], 256, 0));
+    assert_eq!(
+        launch(&nvidia, gated, 1, 8, 256, 256),
+        ([4, 241, 1], 128, 73856)
+    );
+    let down = "moe_gemm_down_m16_f16";
+    assert_eq!(launch(&nvidia, down, 3, 2, 4, 130), ([2, 5, 1], 128, 73856));
+    assert_eq!(launch(&amd, down, 3, 2, 4, 130), ([2, 5, 1], 256, 0));
+    assert_eq!(launch(&amd, down, 64, 2, 8, 4096), ([32, 16, 1], 256, 0));
     // The combine: a token's row in blocks of 2048 columns along y.
     assert_eq!(
         launch(&amd, "moe_sum_bf16", 3, 2, 4, 2049),

@@ -50,8 +50,9 @@ fn moe_gemm_fits_every_amd_target_and_uses_its_mfma() {
     let bundle = build_moe_gemm(scratch.path());
     let kernels = Bundle::open(&bundle).unwrap();
     let records = kernels.kernel_records().unwrap();
-    // Stage 1, stage 2 and the combine, each for bf16 and f16.
-    assert_eq!(records.len(), 6);
+    // Stage 1 and stage 2 in both forms (blocks of 128 and of 16 rows) and the combine, each
+    // for bf16 and f16.
+    assert_eq!(records.len(), 10);
     for record in &records {
         for &(target, lds_limit, ..) in &TARGETS {
             let target: TargetId = target.parse().unwrap();
@@ -101,16 +102,19 @@ fn moe_gemm_fits_every_amd_target_and_uses_its_mfma() {
             };
             let count = mnemonics.iter().filter(|&&m| m == want).count();
             // Atoms a wave holds (2 x (4 x 2) for stage 1's two 64 x 32 products, 4 x 4 for
-            // stage 2's 64 x 64) times the step's depth over the instruction's k (16; 32 on
+            // stage 2's 64 x 64; in the _m16 form 2 x 1 for stage 1's two 16 x 16, 1 x 2 for
+            // stage 2's 16 x 32) times the step's depth over the instruction's k (16; 32 on
             // gfx950), in each of the two K loops (one per copy path, chosen before the loop).
             // Steps are 32 deep; stage 2's are 64 on gfx950, as the dense GEMM's.
             let gfx950 = target == "gfx950";
-            let depth = if gfx950 && record.symbol.contains("_down_") {
+            let m16 = record.symbol.contains("_m16_");
+            let depth = if gfx950 && !m16 && record.symbol.contains("_down_") {
                 64
             } else {
                 32
             };
-            let expected = 2 * 16 * depth / if gfx950 { 32 } else { 16 };
+            let atoms = if m16 { 2 } else { 16 };
+            let expected = 2 * atoms * depth / if gfx950 { 32 } else { 16 };
             assert_eq!(
                 count, expected,
                 "{} on {target}: {count} x {want}, expected {expected}",

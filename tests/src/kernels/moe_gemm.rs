@@ -8,11 +8,13 @@
 //!   num_tokens_post_pad, tokens, topk, experts, n, k, lda, ldc)`: `out[f] = topk_weights[f] ·
 //!   (h[f]·W_down[e]ᵀ)`;
 //! - `moe_sum_{bf16,f16}(y, out, topk_ids, expert_map, tokens, topk, experts, n, ldo, ldy)`:
-//!   `y[t] = Σ_j out[t·topk + j]` over the choices whose expert is local.
+//!   `y[t] = Σ_j out[t·topk + j]` over the choices whose expert is local;
+//! - `moe_gemm_{gated_silu,down}_m16_{bf16,f16}`: the two GEMMs' decode form ([`Form::M16`]),
+//!   same arguments, over the layout of block_m = 16.
 //!
-//! The layout is made here as `moe_align_block_size` makes it ([`align`], block_m =
-//! [`BLOCK_M`]): each local expert's choices in ascending flat index, padded to a multiple of
-//! the block with the sentinel `tokens·topk`. Routings cover token counts 1, 3, 64, 1000 and
+//! The layout is made here as `moe_align_block_size` makes it ([`align`], block_m = the form's
+//! [`Form::block_m`]): each local expert's choices in ascending flat index, padded to a multiple
+//! of the block with the sentinel `tokens·topk`. Every shape runs in both forms. Routings cover token counts 1, 3, 64, 1000 and
 //! 4096, 8 to 64 experts, top-2 to top-8, experts that receive no token, every token on one
 //! expert, and expert parallelism (half the experts local: the other choices are dropped).
 //!
@@ -37,8 +39,34 @@ use crate::host::random_rounded;
 use crate::kernels::activation::Activation;
 use crate::kernels::moe_align;
 
-/// The sorted layout's block of rows that every kernel here wants (`block_m`).
-pub const BLOCK_M: usize = 128;
+/// The grouped GEMMs' two forms, each over the layout of its block of rows (`block_m`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// Blocks of 128 sorted rows (`moe_gemm_gated_silu_bf16`, ...).
+    M128,
+    /// Blocks of 16, for decode (`moe_gemm_gated_silu_m16_bf16`, ...).
+    M16,
+}
+
+impl Form {
+    pub const ALL: [Form; 2] = [Form::M128, Form::M16];
+
+    /// The sorted layout's block of rows that the form's kernels want.
+    pub fn block_m(self) -> usize {
+        match self {
+            Form::M128 => 128,
+            Form::M16 => 16,
+        }
+    }
+
+    /// What the form adds to a kernel's name, before its type.
+    fn suffix(self) -> &'static str {
+        match self {
+            Form::M128 => "",
+            Form::M16 => "_m16",
+        }
+    }
+}
 
 /// The routing's sorted layout for the GEMMs, as `moe_align_block_size` writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,13 +285,13 @@ fn gemm_sizes(shape: &MoeShape, local_experts: usize) -> [CallArg; 7] {
 }
 
 /// Stage 1's kernel in `ty`.
-fn gated_symbol(ty: ScalarType) -> String {
-    format!("moe_gemm_gated_silu_{}", ty.name())
+fn gated_symbol(form: Form, ty: ScalarType) -> String {
+    format!("moe_gemm_gated_silu{}_{}", form.suffix(), ty.name())
 }
 
 /// Stage 2's kernel in `ty`.
-fn down_symbol(ty: ScalarType) -> String {
-    format!("moe_gemm_down_{}", ty.name())
+fn down_symbol(form: Form, ty: ScalarType) -> String {
+    format!("moe_gemm_down{}_{}", form.suffix(), ty.name())
 }
 
 /// The combine's kernel in `ty`.
@@ -272,7 +300,7 @@ fn sum_symbol(ty: ScalarType) -> String {
 }
 
 /// The call of stage 1 in `ty`.
-pub fn gated_call(ty: ScalarType, shape: &MoeShape, local_experts: usize) -> Call {
+pub fn gated_call(form: Form, ty: ScalarType, shape: &MoeShape, local_experts: usize) -> Call {
     let mut args = vec![
         CallArg::write("h", ty),
         CallArg::read("x", ty),
@@ -281,13 +309,13 @@ pub fn gated_call(ty: ScalarType, shape: &MoeShape, local_experts: usize) -> Cal
     args.extend(sorted_args());
     args.extend(gemm_sizes(shape, local_experts));
     Call {
-        kernel: gated_symbol(ty),
+        kernel: gated_symbol(form, ty),
         args,
     }
 }
 
 /// The call of stage 2 in `ty`.
-pub fn down_call(ty: ScalarType, shape: &MoeShape, local_experts: usize) -> Call {
+pub fn down_call(form: Form, ty: ScalarType, shape: &MoeShape, local_experts: usize) -> Call {
     let mut args = vec![
         CallArg::write("out", ty),
         CallArg::read("h", ty),
@@ -297,7 +325,7 @@ pub fn down_call(ty: ScalarType, shape: &MoeShape, local_experts: usize) -> Call
     args.extend(sorted_args());
     args.extend(gemm_sizes(shape, local_experts));
     Call {
-        kernel: down_symbol(ty),
+        kernel: down_symbol(form, ty),
         args,
     }
 }
@@ -354,7 +382,7 @@ fn label(shape: &MoeShape, routed: &Routed) -> String {
 }
 
 /// Stage 1 on fresh random inputs.
-pub fn gated_case(ty: ScalarType, shape: &MoeShape, rng: &mut impl Rng) -> Case {
+pub fn gated_case(form: Form, ty: ScalarType, shape: &MoeShape, rng: &mut impl Rng) -> Case {
     let MoeShape {
         tokens,
         topk,
@@ -366,7 +394,7 @@ pub fn gated_case(ty: ScalarType, shape: &MoeShape, rng: &mut impl Rng) -> Case 
     } = *shape;
     let routed = route(shape, rng);
     let local = routed.local_experts;
-    let layout = align(&routed.topk_ids, &routed.expert_map, local, BLOCK_M);
+    let layout = align(&routed.topk_ids, &routed.expert_map, local, form.block_m());
     let lda = k + pad_a;
     let x = rows_input(rng, ty, (tokens, k, lda), |_| true);
     let w13 = random_rounded(rng, ty, local * 2 * n * k, 0.0, 1.0);
@@ -396,7 +424,7 @@ pub fn gated_case(ty: ScalarType, shape: &MoeShape, rng: &mut impl Rng) -> Case 
         })
         .collect();
     let [sorted, experts, post_pad] = layout_fills(&layout);
-    gated_call(ty, shape, local).case(
+    gated_call(form, ty, shape, local).case(
         label(shape, &routed),
         [None; 3],
         [
@@ -411,7 +439,7 @@ pub fn gated_case(ty: ScalarType, shape: &MoeShape, rng: &mut impl Rng) -> Case 
 }
 
 /// Stage 2 on fresh random inputs (h's rows of dropped choices NaN).
-pub fn down_case(ty: ScalarType, shape: &MoeShape, rng: &mut impl Rng) -> Case {
+pub fn down_case(form: Form, ty: ScalarType, shape: &MoeShape, rng: &mut impl Rng) -> Case {
     let MoeShape {
         tokens,
         topk,
@@ -423,7 +451,7 @@ pub fn down_case(ty: ScalarType, shape: &MoeShape, rng: &mut impl Rng) -> Case {
     } = *shape;
     let routed = route(shape, rng);
     let local = routed.local_experts;
-    let layout = align(&routed.topk_ids, &routed.expert_map, local, BLOCK_M);
+    let layout = align(&routed.topk_ids, &routed.expert_map, local, form.block_m());
     let choices = tokens * topk;
     let lda = k + pad_a;
     let h = rows_input(rng, ty, (choices, k, lda), |f| routed.local(f).is_some());
@@ -452,7 +480,7 @@ pub fn down_case(ty: ScalarType, shape: &MoeShape, rng: &mut impl Rng) -> Case {
         })
         .collect();
     let [sorted, experts, post_pad] = layout_fills(&layout);
-    down_call(ty, shape, local).case(
+    down_call(form, ty, shape, local).case(
         label(shape, &routed),
         [None; 3],
         [
@@ -569,7 +597,8 @@ pub fn shapes() -> Vec<MoeShape> {
         .collect()
 }
 
-/// Every symbol at every shape (bf16 and f16 alternating), with fresh random inputs.
+/// Every symbol at every shape (bf16 and f16 alternating; the GEMMs in both forms), with fresh
+/// random inputs.
 pub fn plan(rng: &mut impl Rng) -> Vec<Planned> {
     let mut plans = Vec::new();
     for (i, &shape) in shapes().iter().enumerate() {
@@ -578,12 +607,14 @@ pub fn plan(rng: &mut impl Rng) -> Vec<Planned> {
         } else {
             [ScalarType::F16, ScalarType::Bf16]
         };
-        plans.push(Planned::one(gated_symbol(ty), rng, move |rng| {
-            gated_case(ty, &shape, rng)
-        }));
-        plans.push(Planned::one(down_symbol(other), rng, move |rng| {
-            down_case(other, &shape, rng)
-        }));
+        for form in Form::ALL {
+            plans.push(Planned::one(gated_symbol(form, ty), rng, move |rng| {
+                gated_case(form, ty, &shape, rng)
+            }));
+            plans.push(Planned::one(down_symbol(form, other), rng, move |rng| {
+                down_case(form, other, &shape, rng)
+            }));
+        }
         plans.push(Planned::one(sum_symbol(ty), rng, move |rng| {
             sum_case(ty, &shape, rng)
         }));
@@ -644,7 +675,13 @@ mod tests {
             .flat_map(Planned::make)
             .collect();
         for ty in ["bf16", "f16"] {
-            for family in ["moe_gemm_gated_silu", "moe_gemm_down", "moe_sum"] {
+            for family in [
+                "moe_gemm_gated_silu",
+                "moe_gemm_down",
+                "moe_gemm_gated_silu_m16",
+                "moe_gemm_down_m16",
+                "moe_sum",
+            ] {
                 let symbol = format!("{family}_{ty}");
                 assert_eq!(cases.iter().filter(|c| c.kernel == symbol).count(), 5);
             }
