@@ -11,18 +11,10 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use hk_format::target::TargetId;
 use hkload::Bundle;
 
-/// `(target, LDS bytes a workgroup may have)`.
-const TARGETS: [(&str, u32); 3] = [
-    ("gfx90a", 64 * 1024),
-    ("gfx942", 64 * 1024),
-    ("gfx950", 160 * 1024),
-];
-
 fn build_moe_align(dir: &Path) -> PathBuf {
-    let targets: Vec<&str> = TARGETS.iter().map(|t| t.0).collect();
+    let targets = AMD_LDS.map(|t| t.0);
     build_repo_modules(dir, &["moe_align.toml"], &targets)
 }
 
@@ -33,23 +25,8 @@ fn moe_align_fits_every_amd_target_without_spills() {
     let kernels = Bundle::open(&bundle).unwrap();
     let records = kernels.kernel_records().unwrap();
     assert_eq!(records.len(), 1, "moe_align_block_size alone");
-    let record = &records[0];
-    assert_eq!(record.symbol, "moe_align_block_size");
-    for &(target, lds_limit) in &TARGETS {
-        let target: TargetId = target.parse().unwrap();
-        let abi = record
-            .targets
-            .iter()
-            .find(|abi| abi.target == target)
-            .unwrap_or_else(|| panic!("no code for {target}"));
-        assert_eq!(abi.spills, 0, "spills on {target}");
-        assert_eq!(abi.private_segment_size, 0, "needs scratch on {target}");
-        assert!(
-            abi.group_segment_size <= lds_limit,
-            "{} bytes of LDS on {target}, limit {lds_limit}",
-            abi.group_segment_size
-        );
-    }
+    assert_eq!(records[0].symbol, "moe_align_block_size");
+    assert_fits_amd_targets(&records);
 }
 
 #[test]

@@ -14,26 +14,22 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use hk_format::manifest::{BundleManifest, MANIFEST_FILE};
-use hk_format::target::TargetId;
 use hkload::Bundle;
 
-/// `(target, LDS bytes a workgroup may have, MFMA mnemonic of bf16 kernels, of f16 kernels)`.
-const TARGETS: [(&str, u32, &str, &str); 3] = [
+/// `(target, MFMA mnemonic of bf16 kernels, of f16 kernels)`.
+const TARGETS: [(&str, &str, &str); 3] = [
     (
         "gfx90a",
-        64 * 1024,
         "v_mfma_f32_16x16x16bf16_1k",
         "v_mfma_f32_16x16x16f16",
     ),
     (
         "gfx942",
-        64 * 1024,
         "v_mfma_f32_16x16x16_bf16",
         "v_mfma_f32_16x16x16_f16",
     ),
     (
         "gfx950",
-        160 * 1024,
         "v_mfma_f32_16x16x32_bf16",
         "v_mfma_f32_16x16x32_f16",
     ),
@@ -53,34 +49,13 @@ fn moe_gemm_fits_every_amd_target_and_uses_its_mfma() {
     // Stage 1 and stage 2 in both forms (blocks of 128 and of 16 rows) and the combine, each
     // for bf16 and f16.
     assert_eq!(records.len(), 10);
-    for record in &records {
-        for &(target, lds_limit, ..) in &TARGETS {
-            let target: TargetId = target.parse().unwrap();
-            let abi = record
-                .targets
-                .iter()
-                .find(|abi| abi.target == target)
-                .unwrap_or_else(|| panic!("{} has no code for {target}", record.symbol));
-            assert_eq!(abi.spills, 0, "{} spills on {target}", record.symbol);
-            assert_eq!(
-                abi.private_segment_size, 0,
-                "{} needs scratch on {target}",
-                record.symbol
-            );
-            assert!(
-                abi.group_segment_size <= lds_limit,
-                "{} uses {} bytes of LDS on {target}, limit {lds_limit}",
-                record.symbol,
-                abi.group_segment_size
-            );
-        }
-    }
+    assert_fits_amd_targets(&records);
 
     let manifest =
         BundleManifest::from_toml(&std::fs::read_to_string(bundle.join(MANIFEST_FILE)).unwrap())
             .unwrap();
     let module = &manifest.modules[0];
-    for &(target, _, bf16_mfma, f16_mfma) in &TARGETS {
+    for &(target, bf16_mfma, f16_mfma) in &TARGETS {
         let text = amd_disassembly(&bundle, &module.file, target, scratch.path());
         for record in &records {
             let body = function_body(&text, &record.symbol)

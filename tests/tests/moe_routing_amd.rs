@@ -12,18 +12,10 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use hk_format::target::TargetId;
 use hkload::Bundle;
 
-/// `(target, LDS bytes a workgroup may have)`.
-const TARGETS: [(&str, u32); 3] = [
-    ("gfx90a", 64 * 1024),
-    ("gfx942", 64 * 1024),
-    ("gfx950", 160 * 1024),
-];
-
 fn build_moe_routing(dir: &Path) -> PathBuf {
-    let targets: Vec<&str> = TARGETS.iter().map(|t| t.0).collect();
+    let targets = AMD_LDS.map(|t| t.0);
     build_repo_modules(dir, &["moe_routing.toml"], &targets)
 }
 
@@ -35,28 +27,7 @@ fn moe_routing_fits_every_amd_target_without_spills() {
     let records = kernels.kernel_records().unwrap();
     // topk_softmax and grouped_topk, each for bf16, f16 and f32 logits.
     assert_eq!(records.len(), 6);
-    for record in &records {
-        for &(target, lds_limit) in &TARGETS {
-            let target: TargetId = target.parse().unwrap();
-            let abi = record
-                .targets
-                .iter()
-                .find(|abi| abi.target == target)
-                .unwrap_or_else(|| panic!("{} has no code for {target}", record.symbol));
-            assert_eq!(abi.spills, 0, "{} spills on {target}", record.symbol);
-            assert_eq!(
-                abi.private_segment_size, 0,
-                "{} needs scratch on {target}",
-                record.symbol
-            );
-            assert!(
-                abi.group_segment_size <= lds_limit,
-                "{} uses {} bytes of LDS on {target}, limit {lds_limit}",
-                record.symbol,
-                abi.group_segment_size
-            );
-        }
-    }
+    assert_fits_amd_targets(&records);
 }
 
 #[test]

@@ -116,6 +116,40 @@ pub fn build_repo_package(dir: &Path, manifests: &[(&str, String)], targets: &[&
     build_ok(&options).bundle
 }
 
+/// The AMD targets the repository builds for, with the LDS a workgroup may have on each.
+pub const AMD_LDS: [(&str, u32); 3] = [
+    ("gfx90a", 64 * 1024),
+    ("gfx942", 64 * 1024),
+    ("gfx950", 160 * 1024),
+];
+
+/// Asserts that every kernel of `records` has code for each of [`AMD_LDS`]'s targets that
+/// neither spills nor needs scratch, and keeps its LDS within the target's limit.
+pub fn assert_fits_amd_targets(records: &[&hk_format::manifest::KernelRecord]) {
+    for record in records {
+        for &(target, lds_limit) in &AMD_LDS {
+            let target: hk_format::target::TargetId = target.parse().unwrap();
+            let abi = record
+                .targets
+                .iter()
+                .find(|abi| abi.target == target)
+                .unwrap_or_else(|| panic!("{} has no code for {target}", record.symbol));
+            assert_eq!(abi.spills, 0, "{} spills on {target}", record.symbol);
+            assert_eq!(
+                abi.private_segment_size, 0,
+                "{} needs scratch on {target}",
+                record.symbol
+            );
+            assert!(
+                abi.group_segment_size <= lds_limit,
+                "{} uses {} bytes of LDS on {target}, limit {lds_limit}",
+                record.symbol,
+                abi.group_segment_size
+            );
+        }
+    }
+}
+
 /// `llvm-objdump -d --mcpu=<target>` of module file `module` (in `bundle`)'s code object for
 /// AMD `target`, unbundled into `scratch`.
 pub fn amd_disassembly(bundle: &Path, module: &str, target: &str, scratch: &Path) -> String {
