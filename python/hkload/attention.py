@@ -52,9 +52,10 @@ def rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def span(x: torch.Tensor) -> torch.Tensor:
-    """The contiguous 1-D span from a row tensor's first element to its last, which hkload takes
-    for a pointer (the kernel walks the rows with the row stride it is given)."""
-    n = (x.shape[0] - 1) * x.stride(0) + x.shape[1] * x.shape[2]
+    """The contiguous 1-D span from a row tensor's first element to its last (each row packed,
+    rows any stride apart), which hkload takes for a pointer (the kernel walks the rows with the
+    row stride it is given)."""
+    n = (x.shape[0] - 1) * x.stride(0) + x[0].numel()
     return torch.as_strided(x, (n,), (1,), x.storage_offset())
 
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import torch
 
+from .attention import span
+
 SCHEMA = (
     "moe(Tensor x, Tensor router_logits, Tensor w13, Tensor w2, SymInt topk, "
     "bool renormalize=True, SymInt n_group=0, SymInt topk_group=0, "
@@ -66,13 +68,6 @@ def _rows(x: torch.Tensor, what: str) -> torch.Tensor:
     return x if x.stride(1) == 1 else x.contiguous()
 
 
-def _span(x: torch.Tensor) -> torch.Tensor:
-    """The 1-D span from a row tensor's first element to its last, which hkload takes for a
-    pointer (the kernel walks the rows with the stride it is given)."""
-    n = (x.shape[0] - 1) * x.stride(0) + x.shape[1]
-    return torch.as_strided(x, (n,), (1,), x.storage_offset())
-
-
 def forward(kernels, x, router_logits, w13, w2, topk, renormalize=True, n_group=0, topk_group=0,
             correction_bias=None, routed_scaling_factor=1.0, expert_map=None):
     """The op's CUDA implementation: routing, alignment, the two grouped GEMMs and the combine."""
@@ -102,13 +97,13 @@ def forward(kernels, x, router_logits, w13, w2, topk, renormalize=True, n_group=
         if correction_bias is None:
             correction_bias = torch.zeros(experts, device=device, dtype=torch.float32)
         kernels.call(
-            f"grouped_topk_{logits_ty}", weights, ids, _span(router_logits),
+            f"grouped_topk_{logits_ty}", weights, ids, span(router_logits),
             correction_bias.float().contiguous(), tokens, experts, ld, n_group, topk_group, topk,
             routed_scaling_factor,
         )
     else:
         kernels.call(
-            f"topk_softmax_{logits_ty}", weights, ids, _span(router_logits), tokens, experts, ld,
+            f"topk_softmax_{logits_ty}", weights, ids, span(router_logits), tokens, experts, ld,
             topk, int(renormalize),
         )
     rows = block_m(tokens, topk, local)
@@ -123,7 +118,7 @@ def forward(kernels, x, router_logits, w13, w2, topk, renormalize=True, n_group=
     )
     h = torch.empty(tokens * topk, inter, device=device, dtype=x.dtype)
     kernels.call(
-        f"moe_gemm_gated_silu{form}_{ty}", h, _span(x), w13.contiguous(), sorted_ids,
+        f"moe_gemm_gated_silu{form}_{ty}", h, span(x), w13.contiguous(), sorted_ids,
         block_experts, padded, tokens, topk, local, inter, hidden, x.stride(0), h.stride(0),
     )
     out = torch.empty(tokens * topk, hidden, device=device, dtype=x.dtype)
