@@ -264,19 +264,12 @@ def main():
     import numpy as np
 
     import extents_emu as extents
-    from moe_routing_emu import decoding_disagreements
+    from moe_routing_emu import command_line, decoding_disagreements
     from test.mockgpu.amd import emu
     import hkload
     import hkload.testing
 
-    args = sys.argv[1:]
-    if not args:
-        sys.exit(__doc__)
-    bundle = args[0]
-    targets = args[args.index("--target") + 1].split(",") if "--target" in args else TARGETS
-    seed = int(os.environ.get("HK_EMU_SEED", int.from_bytes(os.urandom(4), "little")))
-    print(f"seed {seed} (HK_EMU_SEED={seed} draws the same inputs again)")
-    rng = np.random.default_rng(seed)
+    bundle, targets, rng = command_line(np, __doc__, TARGETS)
     failed = passed = caught = not_run = 0
     with tempfile.TemporaryDirectory() as tmp:
         recorder = extents.Recorder(emu)

@@ -284,6 +284,18 @@ def run_case(np, run_asm, recorder, extents, target, co, disassembly, meta, kern
 ALIASES = {"v_fma_mix_f32": "v_mad_mix_f32"}
 
 
+def command_line(np, usage, default_targets):
+    """(bundle, targets, rng) of a script's run: `BUNDLE [--target a,b]` (exits with `usage`
+    without a bundle), and inputs drawn from HK_EMU_SEED or a fresh seed, printed to repeat."""
+    args = sys.argv[1:]
+    if not args:
+        sys.exit(usage)
+    targets = args[args.index("--target") + 1].split(",") if "--target" in args else default_targets
+    seed = int(os.environ.get("HK_EMU_SEED", int.from_bytes(os.urandom(4), "little")))
+    print(f"seed {seed} (HK_EMU_SEED={seed} draws the same inputs again)")
+    return args[0], targets, np.random.default_rng(seed)
+
+
 def decoding_disagreements(emu, co, disassembly, names):
     """Instructions of `names` the emulator decodes as another instruction than LLVM does."""
     symbols = co.symbols()
@@ -335,14 +347,7 @@ def main():
     import hkload
     import hkload.testing
 
-    args = sys.argv[1:]
-    if not args:
-        sys.exit(__doc__)
-    bundle = args[0]
-    targets = args[args.index("--target") + 1].split(",") if "--target" in args else TARGETS
-    seed = int(os.environ.get("HK_EMU_SEED", int.from_bytes(os.urandom(4), "little")))
-    print(f"seed {seed} (HK_EMU_SEED={seed} draws the same inputs again)")
-    rng = np.random.default_rng(seed)
+    bundle, targets, rng = command_line(np, __doc__, TARGETS)
     failed = passed = caught = not_run = 0
     names = [f"{f}_{ty}" for f in ("topk_softmax", "grouped_topk") for ty in ("bf16", "f16", "f32")]
     with tempfile.TemporaryDirectory() as tmp:
